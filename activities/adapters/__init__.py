@@ -1,0 +1,1 @@
+"""Provider adapters: one module per provider, each mapping its failures onto an ErrorKind."""

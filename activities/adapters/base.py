@@ -1,0 +1,63 @@
+"""What every adapter takes and returns, and the registry that picks one per job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class AdapterRequest:
+    job_id: str
+    prompt_id: str
+    prompt: str
+    attempt: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AdapterResult:
+    text: str
+    provider: str
+    model: str
+    provider_request_id: str | None = None
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    latency_ms: int | None = None
+
+
+class InvalidOptions(ValueError):
+    """A job's options cannot run: an unknown provider, a bad field, a missing credential."""
+
+
+class Adapter(Protocol):
+    name: str
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        """Raise InvalidOptions if a job with these options could never run."""
+
+    async def complete(self, request: AdapterRequest) -> AdapterResult:
+        """Call the provider once; raise AdapterError on failure. Never retry here."""
+        ...
+
+
+class AdapterRegistry:
+    def __init__(self, adapters: Mapping[str, Adapter], default: str) -> None:
+        self._adapters = dict(adapters)
+        self.default = default
+
+    def provider_of(self, options: Mapping[str, Any]) -> str:
+        return str(options.get("provider") or self.default)
+
+    def get(self, options: Mapping[str, Any]) -> Adapter:
+        name = self.provider_of(options)
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            known = ", ".join(sorted(self._adapters))
+            raise InvalidOptions(f"unknown provider {name!r}; use one of: {known}")
+        return adapter
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        self.get(options).validate(options)

@@ -1,0 +1,58 @@
+"""The dataclasses that cross Temporal between PromptJobWorkflow and its activities.
+
+One parameter per activity, so a field can be added without breaking recorded histories.
+Prompt text never enters workflow history: the activity reads it from the projection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AdapterCall:
+    job_id: str
+    max_attempts: int
+    # Epoch seconds of the job's hard ceiling; an attempt that would start later is not made.
+    deadline_epoch_s: float
+
+
+@dataclass
+class AdapterOutcome:
+    attempt: int
+    text: str
+    provider: str
+    model: str
+    provider_request_id: str | None = None
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    latency_ms: int | None = None
+
+
+@dataclass
+class FinalizeSuccess:
+    job_id: str
+    outcome: AdapterOutcome
+
+
+@dataclass
+class SettleJob:
+    """A terminal transition the workflow decided: failed (with its kind) or cancelled."""
+
+    job_id: str
+    state: str
+    error_kind: str | None = None
+    error_message: str | None = None
+
+
+@dataclass
+class SettleResult:
+    applied: bool
+    state: str
+    response_id: str | None = None
+
+
+# The ApplicationError type an attempt raises when the job is already settled (cancelled
+# before it started): nothing to run, nothing to retry.
+JOB_CLOSED = "job_closed"

@@ -1,0 +1,63 @@
+"""The API's dependencies, typed once and reused by every route."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.changes import ChangeFeed
+from api.problems import Problem
+from api.service import JobService
+from projections.keys import authenticate
+from projections.store import JobStore, Scope
+
+
+@dataclass
+class Services:
+    store: JobStore
+    jobs: JobService
+    feed: ChangeFeed
+    max_prompt_bytes: int
+    sse_poll_interval_s: float
+    sse_keepalive_s: float
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+bearer = HTTPBearer(auto_error=False, description="An API key from `promptjobs keys create`")
+
+
+async def get_caller(
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Scope:
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise Problem(
+            401,
+            "unauthenticated",
+            "Missing API key",
+            "send `Authorization: Bearer <key>`; create a key with `promptjobs keys create`",
+            headers=challenge,
+        )
+    scope = await authenticate(services.store.sessions, credentials.credentials)
+    if scope is None:
+        raise Problem(
+            401,
+            "invalid_api_key",
+            "Invalid API key",
+            "the API key is unknown or revoked",
+            headers=challenge,
+        )
+    return scope
+
+
+Caller = Annotated[Scope, Depends(get_caller)]

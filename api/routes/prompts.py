@@ -1,0 +1,87 @@
+"""POST /v1/prompts (submit) and GET /v1/prompts/{id} (a prompt and its jobs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Response, status
+
+from activities.adapters.base import InvalidOptions
+from api.deps import Caller, ServicesDep
+from api.problems import FieldError, Problem, ProblemDetails, not_found
+from api.schemas import Accepted, PromptOut, SubmitPrompt
+from projections.store import IdempotencyConflict, NotFound, Submission
+
+router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
+
+PROBLEMS: dict[int | str, dict[str, object]] = {
+    code: {"model": ProblemDetails, "content": {"application/problem+json": {}}}
+    for code in (401, 404, 409, 413, 422)
+}
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=Accepted,
+    responses=PROBLEMS,
+    summary="Submit a prompt; answers at once with the queued job",
+)
+async def submit_prompt(
+    body: SubmitPrompt,
+    caller: Caller,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+) -> Accepted:
+    size = len(body.prompt.encode())
+    if size > services.max_prompt_bytes:
+        raise Problem(
+            413,
+            "prompt_too_large",
+            "Prompt too large",
+            f"the prompt is {size} bytes; the limit is {services.max_prompt_bytes}",
+        )
+    try:
+        services.jobs.validate_options(body.options)
+    except InvalidOptions as err:
+        raise Problem(
+            422,
+            "invalid_options",
+            "Invalid options",
+            str(err),
+            errors=[FieldError(field="body.options", message=str(err))],
+        ) from err
+    submission = Submission(
+        text=body.prompt,
+        priority=body.priority,
+        max_attempts=body.max_attempts or services.jobs.max_attempts_default,
+        options=body.options,
+        scheduled_for=body.scheduled_for,
+        idempotency_key=idempotency_key,
+        parent_id=body.parent_id,
+        correlation_id=body.correlation_id,
+    )
+    try:
+        accepted = await services.jobs.submit(caller, submission)
+    except IdempotencyConflict as err:
+        raise Problem(
+            422,
+            "idempotency_key_reused",
+            "Idempotency-Key reused",
+            "this Idempotency-Key was already used with a different request body; "
+            "use a new key for a new request",
+        ) from err
+    response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
+    return Accepted(
+        prompt_id=accepted.prompt.prompt_id, job_id=accepted.job.job_id, state=accepted.job.state
+    )
+
+
+@router.get("/{prompt_id}", response_model=PromptOut, responses=PROBLEMS)
+async def read_prompt(prompt_id: str, caller: Caller, services: ServicesDep) -> PromptOut:
+    try:
+        prompt, jobs = await services.store.prompt(caller, prompt_id)
+    except NotFound as err:
+        raise not_found("prompt", prompt_id) from err
+    return PromptOut.of(prompt, jobs)

@@ -1,0 +1,47 @@
+"""Job actions shared by the HTTP routes and the CLI: submit, cancel, retry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from activities.adapters.base import AdapterRegistry
+from api.dispatch import Dispatcher
+from projections.models import Job
+from projections.store import Accepted, JobStore, Scope, Submission
+
+
+class JobService:
+    def __init__(
+        self,
+        store: JobStore,
+        dispatcher: Dispatcher,
+        adapters: AdapterRegistry,
+        *,
+        max_attempts_default: int,
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.adapters = adapters
+        self.max_attempts_default = max_attempts_default
+
+    def validate_options(self, options: Mapping[str, Any]) -> None:
+        """Raise InvalidOptions now rather than fail the job minutes later."""
+        self.adapters.validate(options)
+
+    async def submit(self, scope: Scope, submission: Submission) -> Accepted:
+        accepted = await self.store.submit(scope, submission)
+        if accepted.created:
+            self.dispatcher.kick(accepted.job)
+        return accepted
+
+    async def cancel(self, scope: Scope, job_id: str) -> Job:
+        job, needs_workflow = await self.store.request_cancel(scope, job_id)
+        if needs_workflow:
+            self.dispatcher.kick_cancel(job)
+        return job
+
+    async def retry(self, scope: Scope, job_id: str) -> Job:
+        job = await self.store.retry(scope, job_id)
+        self.dispatcher.kick(job)
+        return job

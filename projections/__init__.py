@@ -1,0 +1,1 @@
+"""The SQL projection of jobs: models, migrations, the idempotent projector and read queries."""

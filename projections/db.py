@@ -1,0 +1,105 @@
+"""Engines and sessions for the projection store (SQLite embedded, PostgreSQL in production)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def async_url(url: str) -> str:
+    """Accept the URLs people write (sqlite:///x.db, postgresql://...) and pick async drivers."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    elif backend == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sync_url(url: str) -> str:
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        parsed = parsed.set(drivername="sqlite")
+    elif backend == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def is_sqlite(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    if make_url(url).get_backend_name() == "sqlite":
+        engine = create_async_engine(async_url(url), connect_args={"timeout": 30})
+        _make_sqlite_transactional(engine)
+        return engine
+    return create_async_engine(
+        async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
+
+
+def _make_sqlite_transactional(engine: AsyncEngine) -> None:
+    """WAL for concurrent readers; BEGIN IMMEDIATE so two writers queue instead of deadlocking.
+
+    pysqlite's own transaction handling begins lazily and cannot upgrade a read lock safely,
+    so we take over BEGIN (the recipe from SQLAlchemy's SQLite dialect documentation).
+    """
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@asynccontextmanager
+async def transaction(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+    """The boundary that owns the commit: commit on success, roll back on any error."""
+    async with sessions() as session, session.begin():
+        yield session
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", sync_url(url).replace("%", "%%"))
+    return config
+
+
+def migrate(url: str) -> None:
+    """Bring the schema to the newest migration; the embedded SQLite and PostgreSQL alike."""
+    if make_url(url).get_backend_name() == "sqlite":
+        database = make_url(url).database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(url), "head")

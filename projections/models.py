@@ -1,0 +1,177 @@
+"""SQLAlchemy models of the projection: API keys, prompts, jobs, job events and responses."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from projections.states import JobState
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps are stored and returned as aware UTC datetimes on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+StateColumn = Enum(
+    JobState,
+    name="job_state",
+    native_enum=False,
+    length=16,
+    values_callable=lambda states: [s.value for s in states],
+    validate_strings=True,
+)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    org: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(64))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Prompt(Base):
+    __tablename__ = "prompts"
+    __table_args__ = (
+        UniqueConstraint("org", "author", "idempotency_key", name="uq_prompts_idempotency"),
+        Index("ix_prompts_org_created", "org", "created_at"),
+    )
+
+    prompt_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    author: Mapped[str] = mapped_column(String(64))
+    text: Mapped[str] = mapped_column(Text)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    parent_id: Mapped[str | None] = mapped_column(String(40))
+    correlation_id: Mapped[str | None] = mapped_column(String(128))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # GET /v1/jobs?since=: the caller's jobs in change order.
+        Index("ix_jobs_org_last_event", "org", "last_event_id"),
+        Index("ix_jobs_org_author_last_event", "org", "author", "last_event_id"),
+        # The dispatcher's scan for committed-but-unstarted jobs and pending cancels.
+        Index("ix_jobs_undispatched", "dispatched_at", "state"),
+        Index("ix_jobs_prompt", "prompt_id"),
+        Index("ix_jobs_state_updated", "state", "updated_at"),
+    )
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    prompt_id: Mapped[str] = mapped_column(ForeignKey("prompts.prompt_id"))
+    org: Mapped[str] = mapped_column(String(64))
+    author: Mapped[str] = mapped_column(String(64))
+    state: Mapped[JobState] = mapped_column(StateColumn)
+    priority: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    progress_rank: Mapped[int] = mapped_column(Integer, default=1)
+    error_kind: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    response_id: Mapped[str | None] = mapped_column(String(40))
+    supersedes: Mapped[str | None] = mapped_column(String(40))
+    superseded_by: Mapped[str | None] = mapped_column(String(40))
+    worker: Mapped[str | None] = mapped_column(String(255))
+    scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_event_id: Mapped[int] = mapped_column(EventId, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class JobEvent(Base):
+    """The append-only log of applied transitions; its id is the polling and SSE cursor."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (
+        Index("ix_job_events_org_id", "org", "id"),
+        Index("ix_job_events_job_id", "job_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    type: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(40))
+    prompt_id: Mapped[str] = mapped_column(String(40))
+    org: Mapped[str] = mapped_column(String(64))
+    author: Mapped[str] = mapped_column(String(64))
+    state: Mapped[JobState] = mapped_column(StateColumn)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Response(Base):
+    __tablename__ = "responses"
+    __table_args__ = (Index("ix_responses_job", "job_id"),)
+
+    response_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(40))
+    prompt_id: Mapped[str] = mapped_column(String(40))
+    org: Mapped[str] = mapped_column(String(64))
+    author: Mapped[str] = mapped_column(String(64))
+    text: Mapped[str] = mapped_column(Text)
+    provider: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    provider_request_id: Mapped[str | None] = mapped_column(String(255))
+    finish_reason: Mapped[str | None] = mapped_column(String(64))
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[int | None] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -1,0 +1,364 @@
+"""What the API and CLI ask of the projection: accept submissions, user retries, scoped reads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.db import transaction
+from projections.ids import new_job_id, new_prompt_id
+from projections.models import Job, JobEvent, Prompt, Response
+from projections.projector import (
+    Projector,
+    Transition,
+    append_event,
+    apply_in,
+    load_for_update,
+    lock_event_log,
+    utcnow,
+)
+from projections.states import JobState
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who is asking. Admins see their whole org; members only what they authored."""
+
+    org: str
+    user: str
+    role: str = "member"
+
+    @property
+    def author(self) -> str | None:
+        return None if self.role == "admin" else self.user
+
+
+@dataclass(frozen=True)
+class Submission:
+    text: str
+    priority: int
+    max_attempts: int
+    options: dict[str, Any]
+    scheduled_for: datetime | None = None
+    idempotency_key: str | None = None
+    parent_id: str | None = None
+    correlation_id: str | None = None
+
+    def fingerprint(self) -> str:
+        body = {
+            "text": self.text,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "options": self.options,
+            "scheduled_for": self.scheduled_for.isoformat() if self.scheduled_for else None,
+            "parent_id": self.parent_id,
+            "correlation_id": self.correlation_id,
+        }
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+class IdempotencyConflict(Exception):
+    """The same Idempotency-Key was used before with a different request body."""
+
+
+class NotFound(LookupError):
+    pass
+
+
+class InvalidState(Exception):
+    """The job is not in a state that allows the action (cancel a settled job, retry a live one)."""
+
+    def __init__(self, job: Job, action: str) -> None:
+        # Values, not the row: the transaction that raised this rolls back and expires it.
+        self.job_id = job.job_id
+        self.state = job.state
+        self.action = action
+        super().__init__(f"job {job.job_id} is {job.state.value}; cannot {action} it")
+
+
+@dataclass
+class Accepted:
+    prompt: Prompt
+    job: Job
+    created: bool  # False when an Idempotency-Key replay returned the original
+
+
+def _scoped(stmt: Select[Any], model: Any, scope: Scope) -> Select[Any]:
+    stmt = stmt.where(model.org == scope.org)
+    if scope.author is not None:
+        stmt = stmt.where(model.author == scope.author)
+    return stmt
+
+
+class JobStore:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], projector: Projector) -> None:
+        self.sessions = sessions
+        self.projector = projector
+
+    # -- writes -------------------------------------------------------------------------
+
+    async def submit(self, scope: Scope, submission: Submission) -> Accepted:
+        """Commit the prompt and its queued job: this commit is the acceptance."""
+        fingerprint = submission.fingerprint()
+        if submission.idempotency_key is not None:
+            replay = await self._idempotent_replay(scope, submission.idempotency_key, fingerprint)
+            if replay is not None:
+                return replay
+        now = utcnow()
+        prompt = Prompt(
+            prompt_id=new_prompt_id(),
+            org=scope.org,
+            author=scope.user,
+            text=submission.text,
+            options=submission.options,
+            parent_id=submission.parent_id,
+            correlation_id=submission.correlation_id,
+            idempotency_key=submission.idempotency_key,
+            request_hash=fingerprint,
+            created_at=now,
+        )
+        try:
+            async with transaction(self.sessions) as session:
+                await lock_event_log(session)
+                session.add(prompt)
+                await session.flush()
+                job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
+                job.scheduled_for = submission.scheduled_for
+                session.add(job)
+                await append_event(session, job, now)
+        except IntegrityError:
+            # A concurrent request with the same Idempotency-Key won the race.
+            if submission.idempotency_key is None:
+                raise
+            replay = await self._idempotent_replay(scope, submission.idempotency_key, fingerprint)
+            if replay is None:
+                raise
+            return replay
+        self._notify()
+        return Accepted(prompt, job, created=True)
+
+    async def _idempotent_replay(self, scope: Scope, key: str, fingerprint: str) -> Accepted | None:
+        async with self.sessions() as session:
+            prompt = (
+                await session.execute(
+                    select(Prompt).where(
+                        Prompt.org == scope.org,
+                        Prompt.author == scope.user,
+                        Prompt.idempotency_key == key,
+                    )
+                )
+            ).scalar_one_or_none()
+            if prompt is None:
+                return None
+            if prompt.request_hash != fingerprint:
+                raise IdempotencyConflict(key)
+            job = (
+                await session.execute(
+                    select(Job)
+                    .where(Job.prompt_id == prompt.prompt_id, Job.supersedes.is_(None))
+                    .limit(1)
+                )
+            ).scalar_one()
+            return Accepted(prompt, job, created=False)
+
+    @staticmethod
+    def _new_job(prompt: Prompt, priority: int, max_attempts: int, now: datetime) -> Job:
+        return Job(
+            job_id=new_job_id(),
+            prompt_id=prompt.prompt_id,
+            org=prompt.org,
+            author=prompt.author,
+            state=JobState.QUEUED,
+            priority=priority,
+            attempt=0,
+            max_attempts=max_attempts,
+            progress_rank=1,
+            created_at=now,
+            updated_at=now,
+        )
+
+    async def retry(self, scope: Scope, job_id: str) -> Job:
+        """A user retry: a new queued job for the same prompt that supersedes `job_id`."""
+        now = utcnow()
+        async with transaction(self.sessions) as session:
+            old = await load_for_update(session, job_id)
+            if old is None or not _visible(old, scope):
+                raise NotFound(job_id)
+            if not old.state.is_retryable_by_user():
+                raise InvalidState(old, "retry")
+            prompt = await session.get(Prompt, old.prompt_id)
+            assert prompt is not None
+            new = self._new_job(prompt, old.priority, old.max_attempts, now)
+            new.supersedes = old.job_id
+            session.add(new)
+            await append_event(session, new, now)
+            superseded = Transition(old.job_id, JobState.SUPERSEDED, superseded_by=new.job_id)
+            result = await apply_in(session, old, superseded, now)
+            if not result.applied:
+                raise InvalidState(old, "retry")
+        self._notify()
+        return new
+
+    async def request_cancel(self, scope: Scope, job_id: str) -> tuple[Job, bool]:
+        """Record a cancel request. A job no workflow has been started for is cancelled here and
+        now (nothing else could); otherwise the workflow decides, and the flag says so."""
+        now = utcnow()
+        async with transaction(self.sessions) as session:
+            job = await load_for_update(session, job_id)
+            if job is None or not _visible(job, scope):
+                raise NotFound(job_id)
+            if not job.state.is_cancelable():
+                raise InvalidState(job, "cancel")
+            job.cancel_requested_at = job.cancel_requested_at or now
+            if job.dispatched_at is None:
+                await apply_in(session, job, Transition(job_id, JobState.CANCELLED), now)
+                needs_workflow = False
+            else:
+                needs_workflow = True
+        self._notify()
+        return job, needs_workflow
+
+    async def mark_dispatched(self, job_id: str) -> None:
+        async with transaction(self.sessions) as session:
+            await session.execute(
+                update(Job)
+                .where(Job.job_id == job_id, Job.dispatched_at.is_(None))
+                .values(dispatched_at=utcnow())
+            )
+
+    async def mark_undispatched(self, job_id: str) -> None:
+        async with transaction(self.sessions) as session:
+            await session.execute(
+                update(Job).where(Job.job_id == job_id).values(dispatched_at=None)
+            )
+
+    async def cancel_delivered(self, job_id: str) -> None:
+        async with transaction(self.sessions) as session:
+            await session.execute(
+                update(Job).where(Job.job_id == job_id).values(cancel_requested_at=None)
+            )
+
+    def _notify(self) -> None:
+        if self.projector.on_commit is not None:
+            self.projector.on_commit()
+
+    # -- reads --------------------------------------------------------------------------
+
+    async def job(self, scope: Scope, job_id: str) -> Job:
+        async with self.sessions() as session:
+            job = await session.get(Job, job_id)
+        if job is None or not _visible(job, scope):
+            raise NotFound(job_id)
+        return job
+
+    async def jobs_changed_since(
+        self, scope: Scope, since: int, limit: int, state: JobState | None = None
+    ) -> list[Job]:
+        stmt = _scoped(select(Job), Job, scope).where(Job.last_event_id > since)
+        if state is not None:
+            stmt = stmt.where(Job.state == state)
+        stmt = stmt.order_by(Job.last_event_id).limit(limit)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def events_since(
+        self,
+        scope: Scope,
+        since: int,
+        limit: int,
+        job_id: str | None = None,
+        prompt_id: str | None = None,
+    ) -> list[JobEvent]:
+        stmt = _scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
+        if job_id is not None:
+            stmt = stmt.where(JobEvent.job_id == job_id)
+        if prompt_id is not None:
+            stmt = stmt.where(JobEvent.prompt_id == prompt_id)
+        stmt = stmt.order_by(JobEvent.id).limit(limit)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def job_events(self, scope: Scope, job_id: str) -> list[JobEvent]:
+        await self.job(scope, job_id)
+        async with self.sessions() as session:
+            stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            return list((await session.execute(stmt)).scalars())
+
+    async def latest_event_id(self) -> int:
+        async with self.sessions() as session:
+            return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
+
+    async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
+        async with self.sessions() as session:
+            prompt = await session.get(Prompt, prompt_id)
+            if prompt is None or not _visible(prompt, scope):
+                raise NotFound(prompt_id)
+            jobs = (
+                await session.execute(
+                    select(Job).where(Job.prompt_id == prompt_id).order_by(Job.created_at)
+                )
+            ).scalars()
+            return prompt, list(jobs)
+
+    async def response(self, scope: Scope, response_id: str) -> Response:
+        async with self.sessions() as session:
+            response = await session.get(Response, response_id)
+        if response is None or not _visible(response, scope):
+            raise NotFound(response_id)
+        return response
+
+    async def prompt_of(self, job: Job) -> Prompt:
+        async with self.sessions() as session:
+            prompt = await session.get(Prompt, job.prompt_id)
+        assert prompt is not None
+        return prompt
+
+    # -- the dispatcher's scans ---------------------------------------------------------
+
+    async def undispatched(self, limit: int = 200) -> list[Job]:
+        async with self.sessions() as session:
+            stmt = (
+                select(Job)
+                .where(Job.dispatched_at.is_(None), Job.state == JobState.QUEUED)
+                .order_by(Job.created_at)
+                .limit(limit)
+            )
+            return list((await session.execute(stmt)).scalars())
+
+    async def pending_cancels(self, limit: int = 200) -> list[Job]:
+        async with self.sessions() as session:
+            stmt = (
+                select(Job)
+                .where(
+                    Job.cancel_requested_at.is_not(None),
+                    Job.dispatched_at.is_not(None),
+                    Job.state.in_([JobState.QUEUED, JobState.RUNNING]),
+                )
+                .limit(limit)
+            )
+            return list((await session.execute(stmt)).scalars())
+
+    async def unsettled_before(self, before: datetime, limit: int = 200) -> list[Job]:
+        async with self.sessions() as session:
+            stmt = (
+                select(Job)
+                .where(
+                    Job.dispatched_at.is_not(None),
+                    Job.state.in_([JobState.QUEUED, JobState.RUNNING]),
+                    Job.updated_at < before,
+                )
+                .order_by(Job.updated_at)
+                .limit(limit)
+            )
+            return list((await session.execute(stmt)).scalars())
+
+
+def _visible(row: Job | Prompt | Response, scope: Scope) -> bool:
+    return row.org == scope.org and (scope.author is None or row.author == scope.author)

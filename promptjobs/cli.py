@@ -1,0 +1,145 @@
+"""The `promptjobs` command line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from promptjobs.launch import DevStack, LaunchError, run_api, run_dev, run_worker, stop_on_signals
+from promptjobs.settings import Settings
+
+app = typer.Typer(
+    help="Durable LLM prompt jobs on Temporal.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """Printed as one line on stderr; the command exits 1."""
+
+
+def settings_with(**overrides: Any) -> Settings:
+    settings = Settings()
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return settings.model_copy(update=values) if values else settings
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+async def _until_signal(starter: Any, settings: Settings, **kwargs: Any) -> None:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    await starter(settings, stop=stop, **kwargs)
+
+
+def _print_stack(stack: DevStack) -> None:
+    typer.echo(
+        "\n".join(
+            [
+                "promptjobs is running (Ctrl-C stops it)",
+                f"  API          {stack.api_url}",
+                f"  API docs     {stack.api_url}/docs",
+                f"  Temporal UI  {stack.ui_url or '(disabled)'}",
+                f"  Temporal     {stack.temporal_address}",
+                f"  Database     {stack.database_url}",
+                f"  API key      {stack.api_key}",
+                "",
+                "Try:",
+                f"  curl -s -X POST {stack.api_url}/v1/prompts \\",
+                f"    -H 'Authorization: Bearer {stack.api_key}' \\",
+                "    -H 'Content-Type: application/json' -d '{\"prompt\": \"Hello\"}'",
+            ]
+        )
+    )
+
+
+@app.command()
+def dev(
+    api_port: Annotated[int | None, typer.Option(help="API port (default 8000)")] = None,
+    temporal_port: Annotated[int | None, typer.Option(help="Temporal port (default 7233)")] = None,
+    ui_port: Annotated[int | None, typer.Option(help="Temporal Web UI port (default 8233)")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where data is kept (default .data)")
+    ] = None,
+    no_ui: Annotated[bool, typer.Option("--no-ui", help="Run Temporal without its Web UI")] = False,
+) -> None:
+    """Run everything embedded: Temporal dev server + Web UI, a worker, the API, SQLite."""
+    settings = settings_with(api_port=api_port, temporal_ui_port=ui_port, data_dir=data_dir)
+    if temporal_port is not None:
+        settings = settings.model_copy(update={"temporal_address": f"127.0.0.1:{temporal_port}"})
+    typer.echo("starting the Temporal dev server, a worker and the API…")
+    run(_until_signal(run_dev, settings, ui=not no_ui, on_ready=_print_stack))
+    typer.echo("promptjobs stopped")
+
+
+@app.command()
+def api() -> None:
+    """Run the API (and its dispatcher) alone, configured by PROMPTJOBS_* variables."""
+    run(_until_signal(run_api, Settings()))
+
+
+@app.command()
+def worker() -> None:
+    """Run a worker alone, configured by PROMPTJOBS_* variables."""
+    run(_until_signal(run_worker, Settings()))
+
+
+@keys_app.command("create")
+def keys_create(
+    org: Annotated[str, typer.Option(help="The organisation the key acts for")],
+    user: Annotated[str, typer.Option(help="The user the key acts as")],
+    role: Annotated[str, typer.Option(help="member (own prompts) or admin (whole org)")] = "member",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """Create an API key. It is shown once; only its hash is stored."""
+    from projections.keys import ROLES, create_key
+    from promptjobs.runtime import open_projection
+
+    if role not in ROLES:
+        raise CliError(f"--role must be one of {', '.join(ROLES)}, not {role!r}")
+
+    async def create() -> Any:
+        async with open_projection(Settings()) as projection:
+            return await create_key(projection.sessions, org, user, role)
+
+    issued = run(create())
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "key": issued.secret,
+                    "key_id": issued.key_id,
+                    "org": org,
+                    "user": user,
+                    "role": role,
+                }
+            )
+        )
+    else:
+        typer.echo(f"{issued.secret}\n(org {org}, user {user}, role {role}; shown once, keep it)")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        app()
+    except (CliError, LaunchError, FileNotFoundError) as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

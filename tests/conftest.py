@@ -1,0 +1,237 @@
+"""Fixtures every test reuses: projection stores (SQLite and PostgreSQL), Temporal servers, a
+running promptjobs stack over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from projections.keys import create_key
+from promptjobs.launch import DEV_SERVER_ARGS, serve
+from promptjobs.runtime import (
+    Projection,
+    build_adapters,
+    build_worker,
+    open_projection,
+    temporal_cli,
+)
+from promptjobs.settings import Settings
+from workflows import search_attributes
+
+PG_ADMIN_URL = os.environ.get("PROMPTJOBS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    until: Callable[[T], bool],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.05,
+) -> T:
+    """Poll `probe` until `until(value)` holds; fail with the last value after `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await probe()
+        if until(value):
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s; last value: {value!r}")
+        await asyncio.sleep(interval)
+
+
+# -- databases ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this run, dropped at the end."""
+    name = f"promptjobs_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'projection.db'}"
+    url: str = request.getfixturevalue("pg_database")
+    return url
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path,
+        "temporal_task_queue": f"tq-{uuid.uuid4().hex[:8]}",
+        "dispatcher_interval_s": 0.2,
+        "sse_poll_interval_s": 0.05,
+        "sse_keepalive_s": 1.0,
+        "heartbeat_timeout_s": 2.0,
+        "shutdown_grace_s": 2.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+async def projection(database_url: str, tmp_path: Path) -> AsyncIterator[Projection]:
+    settings = make_settings(tmp_path, database_url=database_url)
+    async with open_projection(settings) as projection:
+        yield projection
+        if projection.engine.dialect.name == "postgresql":
+            await _truncate(projection)
+
+
+async def _truncate(projection: Projection) -> None:
+    from sqlalchemy import text
+
+    async with projection.engine.begin() as conn:
+        await conn.execute(
+            text("TRUNCATE api_keys, responses, job_events, jobs, prompts RESTART IDENTITY CASCADE")
+        )
+
+
+# -- Temporal ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    from shutil import which
+
+    path = which("temporal-test-server") or str(
+        Path(temporal_cli()).parent / "temporal-test-server"
+    )
+    env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=path)
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server (in memory), as `promptjobs dev` runs it."""
+    env = await WorkflowEnvironment.start_local(
+        port=free_port(),
+        search_attributes=search_attributes.ALL,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()
+
+
+def new_worker(settings: Settings, client: Client, projection: Projection) -> Worker:
+    return build_worker(settings, client, projection, build_adapters(settings))
+
+
+# -- a whole running service -------------------------------------------------------------
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    base_url: str
+    client: Client
+    projection: Projection
+    http: httpx.AsyncClient
+    api_key: str
+
+    def as_user(self, key: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        )
+
+    async def key(self, org: str, user: str, role: str = "member") -> str:
+        return (await create_key(self.projection.sessions, org, user, role)).secret
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        response = await self.http.get(f"/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def settled(self, job_id: str, timeout: float = 20.0) -> dict[str, Any]:
+        from projections.states import JobState
+
+        return await eventually(
+            lambda: self.job(job_id), lambda j: JobState(j["state"]).is_terminal, timeout=timeout
+        )
+
+    async def submit(self, prompt: str = "hello", **body: Any) -> dict[str, Any]:
+        response = await self.http.post("/v1/prompts", json={"prompt": prompt, **body})
+        assert response.status_code == 202, response.text
+        accepted: dict[str, Any] = response.json()
+        return accepted
+
+
+@asynccontextmanager
+async def running_stack(
+    settings: Settings, client: Client, *, run_worker: bool = True
+) -> AsyncIterator[Stack]:
+    """API (real HTTP on a free port), dispatcher and, unless told not to, a worker."""
+    settings = settings.model_copy(update={"api_port": free_port()})
+    async with open_projection(settings) as projection:
+        stop = asyncio.Event()
+        ready = asyncio.Event()
+        task = asyncio.create_task(
+            serve(
+                settings,
+                client,
+                projection,
+                stop,
+                run_worker=run_worker,
+                run_api=True,
+                on_ready=ready.set,
+            )
+        )
+        ready_wait = asyncio.create_task(ready.wait())
+        await asyncio.wait([task, ready_wait], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            await task
+        key = (await create_key(projection.sessions, "acme", "alice", "member")).secret
+        base_url = f"http://{settings.api_host}:{settings.api_port}"
+        async with httpx.AsyncClient(
+            base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ) as http:
+            try:
+                yield Stack(settings, base_url, client, projection, http, key)
+            finally:
+                stop.set()
+                await task
+        if projection.engine.dialect.name == "postgresql":
+            await _truncate(projection)
+
+
+@pytest.fixture
+async def stack(
+    dev_server: WorkflowEnvironment, database_url: str, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    settings = make_settings(tmp_path, database_url=database_url)
+    async with running_stack(settings, dev_server.client) as running:
+        yield running

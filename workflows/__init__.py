@@ -1,0 +1,1 @@
+"""Job lifecycles on Temporal: one PromptJobWorkflow per job, deterministic."""

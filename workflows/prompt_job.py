@@ -1,0 +1,135 @@
+"""PromptJobWorkflow: one job's lifecycle from queued to a terminal state."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+with workflow.unsafe.imports_passed_through():
+    from activities.contracts import (
+        JOB_CLOSED,
+        AdapterCall,
+        AdapterOutcome,
+        FinalizeSuccess,
+        SettleJob,
+        SettleResult,
+    )
+    from activities.errors import NON_RETRYABLE_TYPES, ErrorKind
+    from activities.job_activities import JobActivities
+
+# Projection writes are short and must land: retry them until they do.
+PROJECTION_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10)
+)
+PROJECTION_TIMEOUT = timedelta(seconds=30)
+
+KINDS = frozenset(kind.value for kind in ErrorKind)
+
+
+@dataclass
+class PromptJobInput:
+    job_id: str
+    prompt_id: str
+    org: str
+    max_attempts: int
+    # The hard ceiling: past it the job fails as `stuck`.
+    ceiling_s: float = 900.0
+    # One adapter call's limit, beyond the adapter's own timeout.
+    attempt_timeout_s: float = 300.0
+    # A worker silent for this long is presumed dead and the attempt runs elsewhere.
+    heartbeat_timeout_s: float = 10.0
+
+
+@dataclass
+class PromptJobResult:
+    job_id: str
+    state: str
+    response_id: str | None = None
+    error_kind: str | None = None
+
+
+@workflow.defn
+class PromptJobWorkflow:
+    @workflow.run
+    async def run(self, job: PromptJobInput) -> PromptJobResult:
+        workflow.set_current_details(f"job {job.job_id}: queued")
+        try:
+            outcome = await self._call_adapter(job)
+        except ActivityError as err:
+            if isinstance(err.cause, ApplicationError) and err.cause.type == JOB_CLOSED:
+                return PromptJobResult(job.job_id, "closed")
+            kind, message = failure_of(err)
+            return await self._fail(job, kind, message)
+        except asyncio.CancelledError:
+            await self._cancel(job)
+            raise
+        try:
+            return await self._succeed(job, outcome)
+        except asyncio.CancelledError:
+            await self._cancel(job)
+            raise
+
+    async def _call_adapter(self, job: PromptJobInput) -> AdapterOutcome:
+        deadline = workflow.now() + timedelta(seconds=job.ceiling_s)
+        return await workflow.execute_activity_method(
+            JobActivities.call_adapter,
+            AdapterCall(job.job_id, job.max_attempts, deadline.timestamp()),
+            schedule_to_close_timeout=timedelta(seconds=job.ceiling_s),
+            start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),
+            heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
+            # Delays come from the activity (next_retry_delay, by error kind); this interval
+            # only applies to a lost worker, which is retried at once (the server's 1 s floor).
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                backoff_coefficient=1.0,
+                maximum_attempts=job.max_attempts,
+                non_retryable_error_types=[*NON_RETRYABLE_TYPES, JOB_CLOSED],
+            ),
+        )
+
+    async def _succeed(self, job: PromptJobInput, outcome: AdapterOutcome) -> PromptJobResult:
+        settled: SettleResult = await workflow.execute_activity_method(
+            JobActivities.finalize_success,
+            FinalizeSuccess(job.job_id, outcome),
+            start_to_close_timeout=PROJECTION_TIMEOUT,
+            retry_policy=PROJECTION_RETRY,
+        )
+        workflow.set_current_details(f"job {job.job_id}: {settled.state}")
+        return PromptJobResult(job.job_id, settled.state, settled.response_id)
+
+    async def _fail(self, job: PromptJobInput, kind: ErrorKind, message: str) -> PromptJobResult:
+        settled = await self._settle(job, SettleJob(job.job_id, "failed", kind.value, message))
+        return PromptJobResult(job.job_id, settled.state, error_kind=kind.value)
+
+    async def _cancel(self, job: PromptJobInput) -> None:
+        await self._settle(job, SettleJob(job.job_id, "cancelled"))
+
+    async def _settle(self, job: PromptJobInput, settle: SettleJob) -> SettleResult:
+        settled: SettleResult = await workflow.execute_activity_method(
+            JobActivities.settle_job,
+            settle,
+            start_to_close_timeout=PROJECTION_TIMEOUT,
+            retry_policy=PROJECTION_RETRY,
+        )
+        workflow.set_current_details(f"job {job.job_id}: {settled.state}")
+        return settled
+
+
+def failure_of(err: ActivityError) -> tuple[ErrorKind, str]:
+    """The error kind of an adapter call that Temporal gave up on."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type in KINDS:
+        return ErrorKind(cause.type), cause.message
+    if isinstance(cause, TimeoutError):
+        if cause.type is TimeoutType.HEARTBEAT:
+            return ErrorKind.WORKER_CRASH, "the worker stopped heartbeating during the call"
+        if cause.type is TimeoutType.SCHEDULE_TO_CLOSE:
+            return ErrorKind.STUCK, "the job passed its hard ceiling"
+        if cause.type is TimeoutType.START_TO_CLOSE:
+            return ErrorKind.TIMEOUT, "the adapter call passed its time limit"
+    return ErrorKind.UNKNOWN, str(cause or err)
