@@ -53,6 +53,18 @@ class SettleResult:
     response_id: str | None = None
 
 
+@dataclass
+class AttemptReport:
+    """Sent by an attempt to its own workflow so the Web UI's search attributes stay current."""
+
+    state: str
+    attempt: int
+    error_kind: str | None = None
+
+
 # The ApplicationError type an attempt raises when the job is already settled (cancelled
 # before it started): nothing to run, nothing to retry.
 JOB_CLOSED = "job_closed"
+
+# The signal an attempt sends to its workflow (PromptJobWorkflow.attempt_reported).
+ATTEMPT_REPORTED = "attempt_reported"

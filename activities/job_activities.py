@@ -14,12 +14,15 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.service import RPCError
 
 from activities.adapters.base import AdapterRegistry, AdapterRequest, AdapterResult, InvalidOptions
 from activities.contracts import (
+    ATTEMPT_REPORTED,
     JOB_CLOSED,
     AdapterCall,
     AdapterOutcome,
+    AttemptReport,
     FinalizeSuccess,
     SettleJob,
     SettleResult,
@@ -79,6 +82,7 @@ class JobActivities:
             raise ApplicationError(
                 f"job is already {started.state.value}", type=JOB_CLOSED, non_retryable=True
             )
+        await report_to_workflow(AttemptReport(JobState.RUNNING.value, attempt))
         job, prompt = await self._load(call.job_id)
         request = AdapterRequest(
             job_id=job.job_id,
@@ -136,6 +140,7 @@ class JobActivities:
                 next_attempt_at=next_at,
             )
         )
+        await report_to_workflow(AttemptReport(JobState.QUEUED.value, attempt, err.kind.value))
         return adapter_failure(message, err.kind, delay=timedelta(seconds=delay))
 
     async def _load(self, job_id: str) -> tuple[Job, Prompt]:
@@ -177,6 +182,21 @@ class JobActivities:
             )
         )
         return SettleResult(result.applied, result.state.value)
+
+
+async def report_to_workflow(report: AttemptReport) -> None:
+    """Tell the workflow what this attempt did, for its search attributes. The projection is
+    the source of truth; a report that cannot be sent costs the operator view, not the job."""
+    info = activity.info()
+    if info.workflow_id is None:
+        return
+    try:
+        handle = activity.client().get_workflow_handle(info.workflow_id)
+        await handle.signal(ATTEMPT_REPORTED, report)
+    except RPCError as err:
+        activity.logger.warning(
+            "could not report attempt to workflow %s: %s", info.workflow_id, err
+        )
 
 
 def adapter_failure(

@@ -22,7 +22,7 @@ from projections.models import Job
 from projections.projector import Transition
 from projections.states import JobState
 from projections.store import JobStore
-from workflows.prompt_job import PromptJobInput, PromptJobWorkflow
+from workflows.prompt_job import PromptJobInput, PromptJobWorkflow, initial_search_attributes
 
 log = logging.getLogger("promptjobs.dispatch")
 
@@ -98,6 +98,7 @@ class Dispatcher:
             prompt_id=job.prompt_id,
             org=job.org,
             max_attempts=job.max_attempts,
+            priority=job.priority,
             ceiling_s=self.ceiling_s,
             attempt_timeout_s=self.attempt_timeout_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
@@ -109,16 +110,18 @@ class Dispatcher:
             wait = job.scheduled_for - datetime.now(UTC)
             delay = wait if wait > timedelta(0) else None
         priority = temporal_priority(job.priority)
+        workflow_input = self.workflow_input(job)
         try:
             await self.client.start_workflow(
                 PromptJobWorkflow.run,
-                self.workflow_input(job),
+                workflow_input,
                 id=job.job_id,
                 task_queue=self.task_queue,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 start_delay=delay,
                 priority=Priority(priority_key=priority.priority_key, fairness_key=job.org),
+                search_attributes=initial_search_attributes(workflow_input),
                 static_summary=f"{job.org} · priority {job.priority} · prompt {job.prompt_id}",
             )
         except WorkflowAlreadyStartedError:

@@ -128,6 +128,7 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
         Path(temporal_cli()).parent / "temporal-test-server"
     )
     env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=path)
+    await register_search_attributes(env.client)
     yield env
     await env.shutdown()
 
@@ -144,6 +145,22 @@ async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
     )
     yield env
     await env.shutdown()
+
+
+async def register_search_attributes(client: Client) -> None:
+    """The time-skipping server has no flag for it; register through the operator service."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+
+    await client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=client.namespace,
+            search_attributes={
+                key.name: IndexedValueType.ValueType(key.indexed_value_type)
+                for key in search_attributes.ALL
+            },
+        )
+    )
 
 
 def new_worker(settings: Settings, client: Client, projection: Projection) -> Worker:

@@ -5,22 +5,37 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributePair,
+    SearchAttributeUpdate,
+    TypedSearchAttributes,
+)
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    TimeoutError,
+    TimeoutType,
+)
 
 with workflow.unsafe.imports_passed_through():
     from activities.contracts import (
+        ATTEMPT_REPORTED,
         JOB_CLOSED,
         AdapterCall,
         AdapterOutcome,
+        AttemptReport,
         FinalizeSuccess,
         SettleJob,
         SettleResult,
     )
     from activities.errors import NON_RETRYABLE_TYPES, ErrorKind
     from activities.job_activities import JobActivities
+    from workflows import search_attributes as sa
 
 # Projection writes are short and must land: retry them until they do.
 PROJECTION_RETRY = RetryPolicy(
@@ -37,6 +52,7 @@ class PromptJobInput:
     prompt_id: str
     org: str
     max_attempts: int
+    priority: int = 50
     # The hard ceiling: past it the job fails as `stuck`.
     ceiling_s: float = 900.0
     # One adapter call's limit, beyond the adapter's own timeout.
@@ -53,14 +69,33 @@ class PromptJobResult:
     error_kind: str | None = None
 
 
+def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
+    """What a job's workflow carries from its start, so the Web UI can find it."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(sa.JOB_STATE, "queued"),
+            SearchAttributePair(sa.ORG, job.org),
+            SearchAttributePair(sa.PROMPT_ID, job.prompt_id),
+            SearchAttributePair(sa.PRIORITY, job.priority),
+            SearchAttributePair(sa.ATTEMPT, 0),
+        ]
+    )
+
+
 @workflow.defn
 class PromptJobWorkflow:
+    def __init__(self) -> None:
+        self._attempt = 0
+
     @workflow.run
     async def run(self, job: PromptJobInput) -> PromptJobResult:
-        workflow.set_current_details(f"job {job.job_id}: queued")
         try:
             outcome = await self._call_adapter(job)
         except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                # The workflow was cancelled; the activity's cancellation surfaces here.
+                await self._cancel(job)
+                raise asyncio.CancelledError() from err
             if isinstance(err.cause, ApplicationError) and err.cause.type == JOB_CLOSED:
                 return PromptJobResult(job.job_id, "closed")
             kind, message = failure_of(err)
@@ -73,6 +108,25 @@ class PromptJobWorkflow:
         except asyncio.CancelledError:
             await self._cancel(job)
             raise
+
+    @workflow.signal(name=ATTEMPT_REPORTED)
+    def attempt_reported(self, report: AttemptReport) -> None:
+        """An attempt started or was re-queued (the projection already has it)."""
+        if report.attempt < self._attempt:
+            return
+        self._attempt = report.attempt
+        self._show(report.state, report.error_kind)
+
+    def _show(self, state: str, error_kind: str | None = None) -> None:
+        updates: list[SearchAttributeUpdate[Any]] = [
+            sa.JOB_STATE.value_set(state),
+            sa.ATTEMPT.value_set(self._attempt),
+        ]
+        if error_kind is not None:
+            updates.append(sa.ERROR_KIND.value_set(error_kind))
+        workflow.upsert_search_attributes(updates)
+        details = f"{state}, attempt {self._attempt}"
+        workflow.set_current_details(details + (f", last error {error_kind}" if error_kind else ""))
 
     async def _call_adapter(self, job: PromptJobInput) -> AdapterOutcome:
         deadline = workflow.now() + timedelta(seconds=job.ceiling_s)
@@ -99,24 +153,26 @@ class PromptJobWorkflow:
             start_to_close_timeout=PROJECTION_TIMEOUT,
             retry_policy=PROJECTION_RETRY,
         )
-        workflow.set_current_details(f"job {job.job_id}: {settled.state}")
+        self._attempt = max(self._attempt, outcome.attempt)
+        self._show(settled.state)
         return PromptJobResult(job.job_id, settled.state, settled.response_id)
 
     async def _fail(self, job: PromptJobInput, kind: ErrorKind, message: str) -> PromptJobResult:
-        settled = await self._settle(job, SettleJob(job.job_id, "failed", kind.value, message))
+        settled = await self._settle(SettleJob(job.job_id, "failed", kind.value, message))
+        self._show(settled.state, kind.value)
         return PromptJobResult(job.job_id, settled.state, error_kind=kind.value)
 
     async def _cancel(self, job: PromptJobInput) -> None:
-        await self._settle(job, SettleJob(job.job_id, "cancelled"))
+        settled = await self._settle(SettleJob(job.job_id, "cancelled"))
+        self._show(settled.state)
 
-    async def _settle(self, job: PromptJobInput, settle: SettleJob) -> SettleResult:
+    async def _settle(self, settle: SettleJob) -> SettleResult:
         settled: SettleResult = await workflow.execute_activity_method(
             JobActivities.settle_job,
             settle,
             start_to_close_timeout=PROJECTION_TIMEOUT,
             retry_policy=PROJECTION_RETRY,
         )
-        workflow.set_current_details(f"job {job.job_id}: {settled.state}")
         return settled
 
 

@@ -1,0 +1,174 @@
+"""Every path of PromptJobWorkflow, in seconds, on the time-skipping test server."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
+
+from activities.adapters.fake import fake_output
+from projections.models import Response
+from tests.conftest import eventually
+from tests.workflow.conftest import OWNER, Harness
+
+
+async def test_job_succeeds_and_persists_the_response(harness: Harness) -> None:
+    job = await harness.submit("Write a haiku")
+    async with harness.worker():
+        result = await harness.run(job)
+    assert result.state == "succeeded"
+    row = await harness.job(job.job_id)
+    assert (row.state.value, row.attempt) == ("succeeded", 1)
+    response = await harness.projection.store.response(OWNER, row.response_id or "")
+    assert response.text == fake_output("Write a haiku")
+    assert await harness.states(job.job_id) == ["queued", "running", "succeeded"]
+
+
+async def test_retryable_failure_requeues_then_succeeds(harness: Harness) -> None:
+    job = await harness.submit(fake={"fail": ["provider_5xx", "timeout"]})
+    async with harness.worker():
+        result = await harness.run(job)
+    assert result.state == "succeeded"
+    assert await harness.states(job.job_id) == [
+        "queued", "running", "queued", "running", "queued", "running", "succeeded",
+    ]  # fmt: skip
+    events = await harness.events(job.job_id)
+    first_requeue = events[2].data
+    assert first_requeue["error_kind"] == "provider_5xx"
+    assert first_requeue["attempt"] == 1
+    assert first_requeue["next_attempt_at"] is not None
+    row = await harness.job(job.job_id)
+    assert row.attempt == 3
+    assert row.error_kind is None  # a success clears the last attempt's error
+
+
+async def test_backoff_grows_exponentially(harness: Harness) -> None:
+    job = await harness.submit(fake={"fail": ["unknown", "unknown"]})
+    async with harness.worker():
+        await harness.run(job)
+    requeues = [e for e in await harness.events(job.job_id) if e.state.value == "queued"][1:]
+    waits = [_wait_s(e.data) for e in requeues]
+    assert waits == [pytest.approx(1.0, abs=0.05), pytest.approx(2.0, abs=0.05)]
+
+
+async def test_retries_exhausted_fails_with_the_last_error(harness: Harness) -> None:
+    job = await harness.submit(max_attempts=2, fake={"fail": ["timeout", "provider_5xx"]})
+    async with harness.worker():
+        result = await harness.run(job)
+    assert (result.state, result.error_kind) == ("failed", "provider_5xx")
+    row = await harness.job(job.job_id)
+    assert (row.state.value, row.attempt, row.error_kind) == ("failed", 2, "provider_5xx")
+    assert "provider_5xx" in (row.error_message or "")
+    assert await harness.states(job.job_id) == ["queued", "running", "queued", "running", "failed"]
+
+
+@pytest.mark.parametrize("kind", ["provider_4xx", "parse", "auth"])
+async def test_non_retryable_error_fails_at_once(harness: Harness, kind: str) -> None:
+    job = await harness.submit(fake={"fail": [kind]})
+    async with harness.worker():
+        result = await harness.run(job)
+    assert (result.state, result.error_kind) == ("failed", kind)
+    row = await harness.job(job.job_id)
+    assert (row.attempt, row.error_kind) == (1, kind)
+    assert await harness.states(job.job_id) == ["queued", "running", "failed"]
+
+
+async def test_rate_limit_waits_for_retry_after(harness: Harness) -> None:
+    job = await harness.submit(fake={"fail": ["rate_limit"], "retry_after_s": 3})
+    async with harness.worker():
+        result = await harness.run(job)
+    assert result.state == "succeeded"
+    events = await harness.events(job.job_id)
+    requeue, rerun = events[2].data, events[3].data
+    assert requeue["error_kind"] == "rate_limit"
+    assert _wait_s(requeue) == pytest.approx(3, abs=0.05)
+    # Temporal honours the delay exactly: the second attempt starts no earlier.
+    assert _at(rerun["updated_at"]) >= _at(requeue["next_attempt_at"])
+
+
+async def test_rate_limit_without_retry_after_waits_the_default(harness: Harness) -> None:
+    job = await harness.submit(fake={"fail": ["rate_limit"]})
+    async with harness.worker():
+        await harness.run(job)
+    requeue = (await harness.events(job.job_id))[2].data
+    assert _wait_s(requeue) >= harness.settings.rate_limit_default_s - 0.05
+
+
+async def test_cancel_queued_job(harness: Harness) -> None:
+    job = await harness.submit()
+    handle = await harness.start(job)  # no worker yet: the job stays queued
+    await handle.cancel()
+    async with harness.worker():
+        with pytest.raises(WorkflowFailureError) as failure:
+            await harness.result(handle)
+    assert isinstance(failure.value.cause, CancelledError)
+    row = await harness.job(job.job_id)
+    assert row.state.value == "cancelled"
+    assert row.finished_at is not None
+    assert await harness.states(job.job_id) == ["queued", "cancelled"]
+
+
+async def test_cancel_running_job_discards_the_late_response(harness: Harness) -> None:
+    # A long heartbeat timeout means the cancel reaches the activity only at its next
+    # heartbeat, after the provider answered: the answer arrives late and must be dropped.
+    job = await harness.submit(fake={"latency_ms": 1500})
+    async with harness.worker():
+        handle = await harness.start(job)
+        await eventually(lambda: harness.job(job.job_id), lambda j: j.state.value == "running")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await harness.result(handle)
+        row = await harness.job(job.job_id)
+        assert row.state.value == "cancelled"
+        # Leaving the block shuts the worker down gracefully: the in-flight call finishes
+        # and hands its (late) answer back.
+    row = await harness.job(job.job_id)
+    assert (row.state.value, row.response_id) == ("cancelled", None)
+    async with harness.projection.sessions() as session:
+        assert await session.get(Response, _response_id(row)) is None
+    assert await harness.states(job.job_id) == ["queued", "running", "cancelled"]
+
+
+async def test_job_past_its_hard_ceiling_fails_stuck(harness: Harness) -> None:
+    job = await harness.submit(fake={"fail": ["stuck"]})
+    # The test server does not skip time while an activity hangs: a short real ceiling.
+    harness.dispatcher.ceiling_s = 3
+    async with harness.worker():
+        handle = await harness.start(job)
+        await eventually(lambda: harness.job(job.job_id), lambda j: j.state.value == "running")
+        result = await harness.result(handle)
+    assert (result.state, result.error_kind) == ("failed", "stuck")
+    row = await harness.job(job.job_id)
+    assert (row.state.value, row.error_kind) == ("failed", "stuck")
+
+
+async def test_search_attributes_follow_the_job(harness: Harness) -> None:
+    job = await harness.submit(max_attempts=2, fake={"fail": ["provider_5xx", "auth"]})
+    async with harness.worker():
+        handle = await harness.start(job)
+        await harness.result(handle)
+        described = await handle.describe()
+    attributes = {
+        k.name: v for k, v in ((pair.key, pair.value) for pair in described.typed_search_attributes)
+    }
+    assert attributes["PromptJobState"] == "failed"
+    assert attributes["PromptJobErrorKind"] == "auth"
+    assert attributes["PromptJobAttempt"] == 2
+    assert attributes["PromptJobOrg"] == "acme"
+    assert attributes["PromptJobPromptId"] == job.prompt_id
+
+
+def _at(value: object) -> datetime:
+    return datetime.fromisoformat(str(value))
+
+
+def _wait_s(row: dict[str, object]) -> float:
+    return (_at(row["next_attempt_at"]) - _at(row["updated_at"])).total_seconds()
+
+
+def _response_id(row: object) -> str:
+    from projections.ids import response_id_for
+
+    return response_id_for(row.prompt_id, None, row.job_id)  # type: ignore[attr-defined]
