@@ -1,0 +1,117 @@
+"""Real processes and a real dev server: a SIGKILLed worker, and Temporal down at submit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from activities.adapters.fake import fake_output
+from projections.store import Scope
+from promptjobs.launch import DEV_SERVER_ARGS
+from promptjobs.runtime import temporal_cli
+from promptjobs.settings import Settings
+from tests.conftest import eventually, free_port, make_settings, new_worker, running_stack
+from workflows import search_attributes
+
+ALICE = Scope("acme", "alice", "member")
+
+
+@contextmanager
+def worker_process(settings: Settings, temporal_address: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`promptjobs worker` as its own OS process, configured only by environment."""
+    env = {
+        **os.environ,
+        "PROMPTJOBS_TEMPORAL_ADDRESS": temporal_address,
+        "PROMPTJOBS_TEMPORAL_TASK_QUEUE": settings.temporal_task_queue,
+        "PROMPTJOBS_DATABASE_URL": settings.projection_url,
+        "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
+        "PROMPTJOBS_DATA_DIR": str(settings.data_dir),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "promptjobs", "worker"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+def target(env: WorkflowEnvironment) -> str:
+    return env.client.service_client.config.target_host
+
+
+async def test_sigkilled_worker_mid_call_job_finishes_on_another_worker(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, heartbeat_timeout_s=2.0)
+    async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        with worker_process(settings, target(dev_server)) as first:
+            accepted = await stack.submit("survive", options={"fake": {"latency_ms": 4000}})
+            running = await eventually(
+                lambda: stack.job(accepted["job_id"]),
+                lambda j: j["state"] == "running",
+                timeout=30,
+            )
+            assert running["attempt"] == 1
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+        with worker_process(settings, target(dev_server)):
+            job = await stack.settled(accepted["job_id"], timeout=60)
+
+        assert (job["state"], job["attempt"]) == ("succeeded", 2)
+        events = await stack.projection.store.job_events(ALICE, accepted["job_id"])
+        assert [e.state.value for e in events] == [
+            "queued", "running", "queued", "running", "succeeded",
+        ]  # fmt: skip
+        crashed = events[2].data
+        assert crashed["error_kind"] == "worker_crash"
+        assert str(first.pid) in (crashed["error_message"] or "")
+        answer = (await stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+        assert answer["text"] == fake_output("survive")
+
+
+async def test_submission_while_temporal_is_down_runs_once_it_is_back(tmp_path: Path) -> None:
+    port = free_port()
+    database = tmp_path / "temporal.db"
+    address = f"127.0.0.1:{port}"
+
+    async def start_temporal() -> WorkflowEnvironment:
+        return await WorkflowEnvironment.start_local(
+            port=port,
+            search_attributes=search_attributes.ALL,
+            dev_server_existing_path=temporal_cli(),
+            dev_server_database_filename=str(database),
+            dev_server_extra_args=DEV_SERVER_ARGS,
+            dev_server_log_level="error",
+        )
+
+    # Create the namespace's data once, then take Temporal away.
+    await (await start_temporal()).shutdown()
+    settings = make_settings(tmp_path, temporal_address=address)
+    client = await Client.connect(address, lazy=True)
+    async with running_stack(settings, client, run_worker=False) as stack:
+        accepted = await stack.submit("patience")
+        assert accepted["state"] == "queued"
+        job = await stack.job(accepted["job_id"])
+        assert job["state"] == "queued"
+
+        env = await start_temporal()
+        try:
+            async with new_worker(settings, env.client, stack.projection):
+                job = await stack.settled(accepted["job_id"], timeout=60)
+        finally:
+            await env.shutdown()
+    assert job["state"] == "succeeded"
