@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -23,6 +24,8 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+history_app = typer.Typer(help="Workflow histories, for replay tests.", no_args_is_help=True)
+app.add_typer(history_app, name="history")
 
 T = TypeVar("T")
 
@@ -134,12 +137,60 @@ def keys_create(
         typer.echo(f"{issued.secret}\n(org {org}, user {user}, role {role}; shown once, keep it)")
 
 
+@history_app.command("export")
+def history_export(
+    job_id: Annotated[str, typer.Argument(help="The job (= workflow) id")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="File to write (default: stdout)")
+    ] = None,
+) -> None:
+    """Write a job's workflow history as JSON, as `temporal workflow show --output json` does;
+    `temporalio.worker.Replayer` reads it (see docs/workflow-versioning.md)."""
+    from temporalio.service import RPCError
+
+    from promptjobs.history import export_history
+    from promptjobs.runtime import connect_temporal
+
+    settings = Settings()
+
+    async def export() -> str:
+        try:
+            client = await connect_temporal(settings)
+            return await export_history(client, job_id)
+        except RPCError as err:
+            raise CliError(f"cannot read the history of {job_id}: {err.message}") from err
+        except RuntimeError as err:
+            raise CliError(
+                f"Temporal at {settings.temporal_address} is unreachable: {err}"
+            ) from err
+
+    text = run(export())
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        typer.echo(f"wrote {output}", err=True)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    code = 0
     try:
         app()
     except (CliError, LaunchError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
-        sys.exit(1)
+        code = 1
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
+    except SystemExit as done:  # click ends every command with sys.exit
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if isinstance(done.code, str):
+            typer.echo(done.code, err=True)
+    # The Temporal client's native runtime can abort the process when it is torn down during
+    # interpreter finalisation (PyGILState_Release); every command is finished by now, so
+    # flush and leave without finalising.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

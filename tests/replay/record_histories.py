@@ -1,0 +1,159 @@
+"""Record the replay set: run every path of PromptJobWorkflow for real and save its history.
+
+    .venv/bin/python -m tests.replay.record_histories        # rewrites tests/replay/histories/
+
+Run it after an intended, versioned workflow change (see docs/workflow-versioning.md), and
+commit the new histories *beside* the old ones: the old ones keep guarding in-flight jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from temporalio.client import WorkflowFailureError
+from temporalio.testing import WorkflowEnvironment
+
+from promptjobs.history import export_history
+from promptjobs.launch import DEV_SERVER_ARGS
+from promptjobs.runtime import temporal_cli
+from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
+from tests.integration.test_recovery import target, worker_process
+from workflows import search_attributes
+
+HISTORIES = Path(__file__).parent / "histories"
+VERSION = "v1"
+
+Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
+
+
+async def _run(stack: Stack, **body: object) -> str:
+    job_id = str((await stack.submit("replay me", **body))["job_id"])
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(job_id, timeout=60)
+    return job_id
+
+
+async def success(stack: Stack, _env: WorkflowEnvironment) -> str:
+    return await _run(stack)
+
+
+async def retry_then_success(stack: Stack, _env: WorkflowEnvironment) -> str:
+    return await _run(stack, options={"fake": {"fail": ["provider_5xx"]}})
+
+
+async def exhausted(stack: Stack, _env: WorkflowEnvironment) -> str:
+    return await _run(stack, max_attempts=2, options={"fake": {"fail": ["timeout", "timeout"]}})
+
+
+async def non_retryable(stack: Stack, _env: WorkflowEnvironment) -> str:
+    return await _run(stack, options={"fake": {"fail": ["auth"]}})
+
+
+async def rate_limited(stack: Stack, _env: WorkflowEnvironment) -> str:
+    return await _run(stack, options={"fake": {"fail": ["rate_limit"], "retry_after_s": 1}})
+
+
+async def cancel_queued(stack: Stack, _env: WorkflowEnvironment) -> str:
+    job_id = str((await stack.submit("replay me"))["job_id"])
+    await eventually(lambda: _dispatched(stack, job_id), bool)
+    assert (await stack.http.post(f"/v1/jobs/{job_id}/cancel")).status_code == 202
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(job_id)
+    return job_id
+
+
+async def cancel_running(stack: Stack, _env: WorkflowEnvironment) -> str:
+    job_id = str(
+        (await stack.submit("replay me", options={"fake": {"latency_ms": 3000}}))["job_id"]
+    )
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await eventually(lambda: stack.job(job_id), lambda j: j["state"] == "running")
+        assert (await stack.http.post(f"/v1/jobs/{job_id}/cancel")).status_code == 202
+        await stack.settled(job_id)
+    return job_id
+
+
+async def crash_recovery(stack: Stack, env: WorkflowEnvironment) -> str:
+    job_id = str(
+        (await stack.submit("replay me", options={"fake": {"latency_ms": 3000}}))["job_id"]
+    )
+    with worker_process(stack.settings, target(env)) as first:
+        await eventually(lambda: stack.job(job_id), lambda j: j["state"] == "running", timeout=30)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(job_id, timeout=60)
+    return job_id
+
+
+async def stuck(stack: Stack, _env: WorkflowEnvironment) -> str:
+    return await _run(stack, options={"fake": {"fail": ["stuck"]}})
+
+
+async def scheduled(stack: Stack, _env: WorkflowEnvironment) -> str:
+    at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    return await _run(stack, scheduled_for=at)
+
+
+async def _dispatched(stack: Stack, job_id: str) -> bool:
+    async with stack.projection.sessions() as session:
+        from projections.models import Job
+
+        job = await session.get(Job, job_id)
+        return job is not None and job.dispatched_at is not None
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "success": success,
+    "retry_then_success": retry_then_success,
+    "exhausted": exhausted,
+    "non_retryable": non_retryable,
+    "rate_limited": rate_limited,
+    "cancel_queued": cancel_queued,
+    "cancel_running": cancel_running,
+    "crash_recovery": crash_recovery,
+    "stuck": stuck,
+    "scheduled": scheduled,
+}
+
+
+async def record(names: list[str]) -> None:
+    env = await WorkflowEnvironment.start_local(
+        port=free_port(),
+        search_attributes=search_attributes.ALL,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_log_level="error",
+    )
+    try:
+        for name in names:
+            with tempfile.TemporaryDirectory() as tmp:
+                settings = make_settings(
+                    Path(tmp),
+                    heartbeat_timeout_s=2.0,
+                    backoff_initial_s=1.0,
+                    rate_limit_default_s=1.0,
+                    job_ceiling_s=3.0 if name == "stuck" else 900.0,
+                )
+                async with running_stack(settings, env.client, run_worker=False) as stack:
+                    job_id = await SCENARIOS[name](stack, env)
+                    # The row settles a moment before the workflow closes; record it closed.
+                    with contextlib.suppress(WorkflowFailureError):
+                        await env.client.get_workflow_handle(job_id).result()
+                    state = (await stack.job(job_id))["state"]
+                    path = HISTORIES / f"{VERSION}-{name}.json"
+                    path.write_text(await export_history(env.client, job_id))
+                    print(f"{name:20} {state:10} → {path.relative_to(Path.cwd())}")
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(record(sys.argv[1:] or list(SCENARIOS)))

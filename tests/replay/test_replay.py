@@ -1,0 +1,127 @@
+"""Recorded histories of every path replay against today's PromptJobWorkflow.
+
+A change that breaks determinism for jobs already in flight fails here, naming the history.
+Record a new set with `python -m tests.replay.record_histories` (docs/workflow-versioning.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer
+
+from tests.conftest import Stack
+from workflows.prompt_job import PromptJobInput, PromptJobResult, PromptJobWorkflow
+
+HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+PATHS = {
+    "success", "retry_then_success", "exhausted", "non_retryable", "rate_limited",
+    "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
+}  # fmt: skip
+
+
+def load(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, json.loads(path.read_text()))
+
+
+async def all_histories() -> AsyncIterator[WorkflowHistory]:
+    for path in HISTORIES:
+        yield load(path)
+
+
+def test_every_path_has_a_recorded_history() -> None:
+    recorded = {path.stem.split("-", 1)[1] for path in HISTORIES}
+    assert PATHS <= recorded, f"missing histories: {sorted(PATHS - recorded)}"
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
+async def test_history_replays_on_the_current_workflow(path: Path) -> None:
+    result = await Replayer(workflows=[PromptJobWorkflow]).replay_workflow(
+        load(path), raise_on_replay_failure=False
+    )
+    assert result.replay_failure is None, (
+        f"{path.name} no longer replays: the change to PromptJobWorkflow is not "
+        f"deterministic for jobs in flight; guard it with workflow.patched() "
+        f"(docs/workflow-versioning.md). Cause: {result.replay_failure}"
+    )
+
+
+# -- the guard, demonstrated --------------------------------------------------------------
+
+
+@workflow.defn(name="PromptJobWorkflow", sandboxed=False)
+class UnguardedChange(PromptJobWorkflow):
+    """Someone adds a pause before the adapter call, with no patch."""
+
+    @workflow.run
+    async def run(self, job: PromptJobInput) -> PromptJobResult:
+        await workflow.sleep(timedelta(seconds=1))
+        return await super().run(job)
+
+
+@workflow.defn(name="PromptJobWorkflow", sandboxed=False)
+class PatchedChange(PromptJobWorkflow):
+    """The same change, taken only by workflows that start after it is deployed."""
+
+    @workflow.run
+    async def run(self, job: PromptJobInput) -> PromptJobResult:
+        if workflow.patched("pause-before-adapter"):
+            await workflow.sleep(timedelta(seconds=1))
+        return await super().run(job)
+
+
+async def test_an_unguarded_change_fails_replay() -> None:
+    results = await Replayer(workflows=[UnguardedChange]).replay_workflows(
+        all_histories(), raise_on_replay_failure=False
+    )
+    # Every recorded history fails (keyed by run id): each would break in flight.
+    assert len(results.replay_failures) == len(HISTORIES)
+
+
+async def test_the_same_change_behind_a_patch_replays() -> None:
+    results = await Replayer(workflows=[PatchedChange]).replay_workflows(
+        all_histories(), raise_on_replay_failure=False
+    )
+    assert results.replay_failures == {}
+
+
+async def test_cli_history_export_replays(stack: Stack, tmp_path: Path) -> None:
+    job_id = (await stack.submit("export me"))["job_id"]
+    await stack.settled(job_id)
+    await stack.client.get_workflow_handle(job_id).result()
+    output = tmp_path / "history.json"
+    env = {
+        **os.environ,
+        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+    }
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptjobs", "history", "export", job_id, "-o", str(output),
+        env=env,
+    )  # fmt: skip
+    assert await done.wait() == 0
+    result = await Replayer(workflows=[PromptJobWorkflow]).replay_workflow(load(output))
+    assert result.replay_failure is None
+
+
+async def test_cli_history_export_of_an_unknown_job_is_one_line(stack: Stack) -> None:
+    env = {
+        **os.environ,
+        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+    }
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptjobs", "history", "export", "job_nope",
+        env=env, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await done.communicate()
+    assert done.returncode == 1
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot read the history of job_nope")
