@@ -126,15 +126,20 @@ class ProjectionHealth:
     workers: list[WorkerSeen]
 
 
+async def jobs_by_state(sessions: async_sessionmaker[AsyncSession]) -> dict[JobState, int]:
+    async with sessions() as session:
+        counted = await session.execute(select(Job.state, func.count()).group_by(Job.state))
+        found = {state: count for state, count in counted.tuples()}
+    return {state: found.get(state, 0) for state in JobState}
+
+
 async def projection_health(
     sessions: async_sessionmaker[AsyncSession], *, workers_since: datetime
 ) -> ProjectionHealth:
     """What the projection says about the fleet: jobs per state, the newest transition, and
     each worker (jobs.worker, recorded when an attempt starts) seen since `workers_since`."""
+    by_state = await jobs_by_state(sessions)
     async with sessions() as session:
-        by_state = dict(
-            (await session.execute(select(Job.state, func.count()).group_by(Job.state))).tuples()
-        )
         last = (await session.execute(select(func.max(JobEvent.created_at)))).scalar()
         rows = (
             await session.execute(
@@ -157,7 +162,7 @@ async def projection_health(
             elif state is JobState.CANCELLED:
                 entry.cancelled += count
     return ProjectionHealth(
-        states={state.value: by_state.get(state, 0) for state in JobState},
+        states={state.value: count for state, count in by_state.items()},
         last_transition_at=last,
         workers=sorted(seen.values(), key=lambda w: w.last_seen, reverse=True),
     )

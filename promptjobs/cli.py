@@ -134,6 +134,15 @@ def keys_create(
         typer.echo(f"{issued.secret}\n(org {org}, user {user}, role {role}; shown once, keep it)")
 
 
+def _register_operator_commands() -> None:
+    from promptjobs import cli_jobs  # it imports CliError and run from this module
+
+    cli_jobs.register(app)
+
+
+_register_operator_commands()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
