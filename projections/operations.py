@@ -129,7 +129,7 @@ class ProjectionHealth:
 async def jobs_by_state(sessions: async_sessionmaker[AsyncSession]) -> dict[JobState, int]:
     async with sessions() as session:
         counted = await session.execute(select(Job.state, func.count()).group_by(Job.state))
-        found = {state: count for state, count in counted.tuples()}
+        found = {state: count for state, count in counted.all()}
     return {state: found.get(state, 0) for state in JobState}
 
 
@@ -147,7 +147,7 @@ async def projection_health(
                 .where(Job.worker.is_not(None), Job.updated_at >= workers_since)
                 .group_by(Job.worker, Job.state)
             )
-        ).tuples()
+        ).all()
         seen: dict[str, WorkerSeen] = {}
         for worker, state, count, updated in rows:
             assert worker is not None
