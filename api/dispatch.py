@@ -85,8 +85,9 @@ class Dispatcher:
         try:
             await delivery
         except (RPCError, RuntimeError) as err:  # a lazy client's failed connect is a RuntimeError
-            self._unreachable(err)
-            raise TemporalUnreachable(str(err).splitlines()[0] if str(err) else repr(err)) from err
+            # The caller reports it; the scan (in the API's process) delivers it later.
+            first_line = (str(err) or repr(err)).splitlines()[0]
+            raise TemporalUnreachable(first_line[:160]) from err
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
