@@ -28,6 +28,7 @@ from activities.contracts import (
     SettleResult,
 )
 from activities.errors import AdapterError, BackoffPolicy, ErrorKind
+from projections import metrics
 from projections.ids import response_id_for
 from projections.models import Job, Prompt
 from projections.projector import Projector, ResponseRecord, Transition
@@ -100,16 +101,30 @@ class JobActivities:
         return _outcome(attempt, result)
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:
+        provider = self.adapters.provider_of(request.options)
+        started = time.monotonic()
+        outcome = "ok"
         try:
             adapter = self.adapters.get(request.options)
             return await adapter.complete(request)
-        except (AdapterError, asyncio.CancelledError):
+        except AdapterError as err:
+            outcome = err.kind.value
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
             raise
         except InvalidOptions as err:
+            # The label must not carry whatever provider name a client sent.
+            provider, outcome = "invalid", ErrorKind.PROVIDER_4XX.value
             raise AdapterError(ErrorKind.PROVIDER_4XX, str(err)) from err
         except Exception as err:
             # Anything an adapter did not classify is `unknown`, which is retried.
+            outcome = ErrorKind.UNKNOWN.value
             raise AdapterError(ErrorKind.UNKNOWN, f"{type(err).__name__}: {err}") from err
+        finally:
+            metrics.ADAPTER_LATENCY.labels(provider=provider, outcome=outcome).observe(
+                time.monotonic() - started
+            )
 
     async def _failed_attempt(
         self, call: AdapterCall, attempt: int, err: AdapterError

@@ -33,6 +33,11 @@ def temporal_priority(priority: int) -> Priority:
     return Priority(priority_key=1 + min(100, max(0, priority)) * 4 // 100)
 
 
+class TemporalUnreachable(Exception):
+    """Temporal did not take a start or cancel just now; the row keeps it, so the API's
+    dispatcher delivers it once Temporal is back."""
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -67,6 +72,22 @@ class Dispatcher:
 
     def kick_cancel(self, job: Job) -> None:
         self._spawn(self._cancel_quietly(job.job_id))
+
+    # -- a caller that exits right away (the CLI) waits for the delivery instead -----------
+
+    async def start_now(self, job: Job) -> None:
+        await self._now(self.start(job))
+
+    async def cancel_now(self, job_id: str) -> None:
+        await self._now(self.deliver_cancel(job_id))
+
+    async def _now(self, delivery: Awaitable[None]) -> None:
+        try:
+            await delivery
+        except (RPCError, RuntimeError) as err:  # a lazy client's failed connect is a RuntimeError
+            # The caller reports it; the scan (in the API's process) delivers it later.
+            first_line = (str(err) or repr(err)).splitlines()[0]
+            raise TemporalUnreachable(first_line[:160]) from err
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

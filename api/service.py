@@ -7,6 +7,7 @@ from typing import Any
 
 from activities.adapters.base import AdapterRegistry
 from api.dispatch import Dispatcher
+from projections import metrics
 from projections.models import Job
 from projections.store import Accepted, JobStore, Scope, Submission
 
@@ -32,16 +33,25 @@ class JobService:
     async def submit(self, scope: Scope, submission: Submission) -> Accepted:
         accepted = await self.store.submit(scope, submission)
         if accepted.created:
+            metrics.SUBMISSIONS.labels(org=scope.org).inc()
             self.dispatcher.kick(accepted.job)
         return accepted
 
-    async def cancel(self, scope: Scope, job_id: str) -> Job:
+    async def cancel(self, scope: Scope, job_id: str, *, wait: bool = False) -> Job:
+        """Record the cancel and hand it to Temporal. `wait` delivers it before returning
+        (raising TemporalUnreachable, the request still recorded) for a caller about to exit."""
         job, needs_workflow = await self.store.request_cancel(scope, job_id)
         if needs_workflow:
-            self.dispatcher.kick_cancel(job)
+            if wait:
+                await self.dispatcher.cancel_now(job.job_id)
+            else:
+                self.dispatcher.kick_cancel(job)
         return job
 
-    async def retry(self, scope: Scope, job_id: str) -> Job:
+    async def retry(self, scope: Scope, job_id: str, *, wait: bool = False) -> Job:
         job = await self.store.retry(scope, job_id)
-        self.dispatcher.kick(job)
+        if wait:
+            await self.dispatcher.start_now(job)
+        else:
+            self.dispatcher.kick(job)
         return job

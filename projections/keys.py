@@ -63,4 +63,7 @@ async def authenticate(sessions: async_sessionmaker[AsyncSession], token: str) -
         return None
     if not hmac.compare_digest(key.key_hash, _hash(token)):
         return None
+    if key.role not in ROLES:
+        # Only member and admin keys exist; a row edited to claim more grants nothing.
+        return None
     return Scope(key.org, key.user, key.role)

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections import metrics
 from projections.db import transaction
 from projections.models import Job, JobEvent, Response
 from projections.states import JobState, is_allowed, progress_rank
@@ -121,6 +122,7 @@ async def append_event(session: AsyncSession, job: Job, now: datetime) -> int:
     session.add(event)
     await session.flush()
     job.last_event_id = event.id
+    metrics.transition_pending(session, job)
     return event.id
 
 

@@ -26,18 +26,29 @@ from projections.projector import (
 )
 from projections.states import JobState
 
+OPERATOR_ROLE = "operator"
+
 
 @dataclass(frozen=True)
 class Scope:
-    """Who is asking. Admins see their whole org; members only what they authored."""
+    """Who is asking. Admins see their whole org; members only what they authored; the
+    operator (the CLI on the service's own database, never an API key) sees every org."""
 
     org: str
     user: str
     role: str = "member"
 
+    @classmethod
+    def operator(cls, user: str = "operator") -> Scope:
+        return cls("*", user, OPERATOR_ROLE)
+
+    @property
+    def all_orgs(self) -> bool:
+        return self.role == OPERATOR_ROLE
+
     @property
     def author(self) -> str | None:
-        return None if self.role == "admin" else self.user
+        return None if self.role in ("admin", OPERATOR_ROLE) else self.user
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,8 @@ class Accepted:
 
 
 def _scoped(stmt: Select[Any], model: Any, scope: Scope) -> Select[Any]:
+    if scope.all_orgs:
+        return stmt
     stmt = stmt.where(model.org == scope.org)
     if scope.author is not None:
         stmt = stmt.where(model.author == scope.author)
@@ -361,4 +374,6 @@ class JobStore:
 
 
 def _visible(row: Job | Prompt | Response, scope: Scope) -> bool:
+    if scope.all_orgs:
+        return True
     return row.org == scope.org and (scope.author is None or row.author == scope.author)

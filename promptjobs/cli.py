@@ -173,6 +173,15 @@ def history_export(
         typer.echo(f"wrote {output}", err=True)
 
 
+def _register_operator_commands() -> None:
+    from promptjobs import cli_jobs  # it imports CliError and run from this module
+
+    cli_jobs.register(app)
+
+
+_register_operator_commands()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     code = 0

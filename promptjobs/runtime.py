@@ -106,18 +106,25 @@ def build_dispatcher(settings: Settings, client: Client, projection: Projection)
     )
 
 
+def build_job_service(
+    settings: Settings, projection: Projection, dispatcher: Dispatcher, adapters: AdapterRegistry
+) -> JobService:
+    """The job actions, as the API and the CLI both use them."""
+    return JobService(
+        projection.store,
+        dispatcher,
+        adapters,
+        max_attempts_default=settings.max_attempts_default,
+    )
+
+
 def build_app(
     settings: Settings,
     projection: Projection,
     dispatcher: Dispatcher,
     adapters: AdapterRegistry,
 ) -> FastAPI:
-    jobs = JobService(
-        projection.store,
-        dispatcher,
-        adapters,
-        max_attempts_default=settings.max_attempts_default,
-    )
+    jobs = build_job_service(settings, projection, dispatcher, adapters)
     return create_app(
         Services(
             store=projection.store,

@@ -1,0 +1,212 @@
+"""The operator's reads and housekeeping across every org: listings, queue metrics, worker
+health and archiving. Only the CLI on the service's own database calls these; no API key
+reaches them (API keys are member or admin of one org)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, and_, delete, func, not_, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.db import transaction
+from projections.models import Job, JobEvent, Prompt, Response
+from projections.projector import lock_event_log
+from projections.states import JobState
+
+TERMINAL = [state for state in JobState if state.is_terminal]
+PERCENTILES = (50, 90, 99)
+
+
+async def list_jobs(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    state: JobState | None = None,
+    org: str | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+) -> list[Job]:
+    """Newest first: jobs created at or after `since`, of every org unless one is named."""
+    stmt = select(Job)
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    if org is not None:
+        stmt = stmt.where(Job.org == org)
+    if since is not None:
+        stmt = stmt.where(Job.created_at >= since)
+    stmt = stmt.order_by(Job.created_at.desc(), Job.job_id.desc()).limit(limit)
+    async with sessions() as session:
+        return list((await session.execute(stmt)).scalars())
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """Nearest-rank percentiles, so each figure is a latency some job really had."""
+    ordered = sorted(values)
+    result: dict[str, float | None] = {}
+    for p in PERCENTILES:
+        if not ordered:
+            result[f"p{p}"] = None
+            continue
+        rank = max(1, -(-p * len(ordered) // 100))  # ceil(p/100 · n)
+        result[f"p{p}"] = round(ordered[rank - 1], 3)
+    return result
+
+
+@dataclass
+class OrgMetrics:
+    org: str
+    states: dict[str, int] = field(default_factory=dict)
+    wait_s: dict[str, float | None] = field(default_factory=dict)  # created → started
+    run_s: dict[str, float | None] = field(default_factory=dict)  # started → finished
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+
+async def queue_metrics(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    since: datetime | None = None,
+    org: str | None = None,
+) -> list[OrgMetrics]:
+    """Per org (and "*" for all): jobs by state, wait and run latency percentiles, and the
+    error kinds of failed jobs and of jobs re-queued after a failed attempt."""
+    stmt = select(
+        Job.org, Job.state, Job.error_kind, Job.created_at, Job.started_at, Job.finished_at
+    )
+    if since is not None:
+        stmt = stmt.where(Job.created_at >= since)
+    if org is not None:
+        stmt = stmt.where(Job.org == org)
+    async with sessions() as session:
+        rows = (await session.execute(stmt)).all()
+    groups: dict[str, list[tuple[JobState, str | None, datetime, datetime | None, datetime | None]]]
+    groups = defaultdict(list)
+    for row_org, state, kind, created, started, finished in rows:
+        groups[row_org].append((state, kind, created, started, finished))
+        groups["*"].append((state, kind, created, started, finished))
+    result = []
+    for name in sorted(groups, key=lambda g: (g == "*", g)):
+        jobs = groups[name]
+        states = Counter(state.value for state, *_ in jobs)
+        kinds = Counter(
+            kind
+            for state, kind, *_ in jobs
+            if kind is not None and state in (JobState.FAILED, JobState.QUEUED)
+        )
+        waits = [(s - c).total_seconds() for _, _, c, s, _ in jobs if s is not None]
+        runs = [(f - s).total_seconds() for _, _, _, s, f in jobs if s and f]
+        result.append(
+            OrgMetrics(
+                org=name,
+                states={state.value: states.get(state.value, 0) for state in JobState},
+                wait_s=percentiles(waits),
+                run_s=percentiles(runs),
+                error_kinds=dict(sorted(kinds.items())),
+            )
+        )
+    return result
+
+
+@dataclass
+class WorkerSeen:
+    worker: str
+    last_seen: datetime
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+@dataclass
+class ProjectionHealth:
+    states: dict[str, int]
+    last_transition_at: datetime | None
+    workers: list[WorkerSeen]
+
+
+async def jobs_by_state(sessions: async_sessionmaker[AsyncSession]) -> dict[JobState, int]:
+    async with sessions() as session:
+        counted = await session.execute(select(Job.state, func.count()).group_by(Job.state))
+        found = {state: count for state, count in counted.all()}
+    return {state: found.get(state, 0) for state in JobState}
+
+
+async def projection_health(
+    sessions: async_sessionmaker[AsyncSession], *, workers_since: datetime
+) -> ProjectionHealth:
+    """What the projection says about the fleet: jobs per state, the newest transition, and
+    each worker (jobs.worker, recorded when an attempt starts) seen since `workers_since`."""
+    by_state = await jobs_by_state(sessions)
+    async with sessions() as session:
+        last = (await session.execute(select(func.max(JobEvent.created_at)))).scalar()
+        rows = (
+            await session.execute(
+                select(Job.worker, Job.state, func.count(), func.max(Job.updated_at))
+                .where(Job.worker.is_not(None), Job.updated_at >= workers_since)
+                .group_by(Job.worker, Job.state)
+            )
+        ).all()
+        seen: dict[str, WorkerSeen] = {}
+        for worker, state, count, updated in rows:
+            assert worker is not None
+            entry = seen.setdefault(worker, WorkerSeen(worker, updated, 0, 0, 0, 0))
+            entry.last_seen = max(entry.last_seen, updated)
+            if state is JobState.RUNNING:
+                entry.running += count
+            elif state is JobState.SUCCEEDED:
+                entry.succeeded += count
+            elif state is JobState.FAILED:
+                entry.failed += count
+            elif state is JobState.CANCELLED:
+                entry.cancelled += count
+    return ProjectionHealth(
+        states={state.value: count for state, count in by_state.items()},
+        last_transition_at=last,
+        workers=sorted(seen.values(), key=lambda w: w.last_seen, reverse=True),
+    )
+
+
+@dataclass
+class Archived:
+    jobs: int
+    events: int
+    prompts: int
+    responses: int
+    dry_run: bool
+
+
+async def archive(
+    sessions: async_sessionmaker[AsyncSession], *, before: datetime, dry_run: bool = False
+) -> Archived:
+    """Remove terminal jobs finished before `before` with their events; a prompt left with no
+    job goes too, with its responses. One transaction under the event-log lock, so a
+    concurrent retry cannot add a job to a prompt being removed."""
+    old = and_(Job.state.in_(TERMINAL), Job.finished_at.is_not(None), Job.finished_at < before)
+    old_jobs = select(Job.job_id).where(old)
+    kept_prompts = select(Job.prompt_id).where(not_(old))
+    gone_prompts = select(Job.prompt_id).where(old, Job.prompt_id.not_in(kept_prompts))
+    async with transaction(sessions) as session:
+        await lock_event_log(session)
+        counts = Archived(
+            jobs=await _count(session, select(Job.job_id).where(old)),
+            events=await _count(session, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))),
+            prompts=await _count(session, gone_prompts.distinct()),
+            responses=await _count(
+                session, select(Response.response_id).where(Response.prompt_id.in_(gone_prompts))
+            ),
+            dry_run=dry_run,
+        )
+        if not dry_run:
+            await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
+            await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
+            await session.execute(delete(Job).where(old))
+            orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
+            await session.execute(delete(Prompt).where(orphan))
+    return counts
+
+
+async def _count(session: AsyncSession, rows: Select[Any]) -> int:
+    counted = select(func.count()).select_from(rows.subquery())
+    return int((await session.execute(counted)).scalar() or 0)

@@ -1,0 +1,459 @@
+"""`promptjobs jobs …` and `promptjobs status`: the operator's commands, across every org.
+
+They talk to the same database and Temporal as the service (Settings from the environment)
+and act through the same JobService as the API, as the operator scope.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from api.dispatch import TemporalUnreachable
+from api.service import JobService
+from projections import operations
+from projections.models import Job, JobEvent
+from projections.projector import job_row, utcnow
+from projections.states import JobState
+from projections.store import InvalidState, NotFound, Scope
+from promptjobs.cli import CliError, run
+from promptjobs.runtime import (
+    Projection,
+    build_adapters,
+    build_dispatcher,
+    build_job_service,
+    connect_temporal,
+    open_projection,
+)
+from promptjobs.settings import Settings
+
+jobs_app = typer.Typer(
+    help="Jobs of every org: list, show, cancel, retry, metrics, archive.", no_args_is_help=True
+)
+
+OPERATOR = Scope.operator()
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
+WORKERS_SEEN_S = 3600.0
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(jobs_app, name="jobs")
+    app.command("status")(status)
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def console() -> Console:
+    # Wide when piped, so ids are never cut; a terminal keeps its own width.
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    out = Table(title=title, title_justify="left")
+    for column in columns:
+        out.add_column(column, overflow="fold")
+    for row in rows:
+        out.add_row(*("" if value is None else str(value) for value in row))
+    return out
+
+
+def emit_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return _iso(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
+
+
+def _short(value: datetime | None) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+JOB_COLUMNS = ("job", "org", "state", "prio", "attempt", "error", "created", "started", "finished")
+
+
+def job_cells(job: Job) -> list[Any]:
+    return [
+        job.job_id,
+        job.org,
+        job.state.value,
+        job.priority,
+        f"{job.attempt}/{job.max_attempts}",
+        job.error_kind,
+        _short(job.created_at),
+        _short(job.started_at),
+        _short(job.finished_at),
+    ]
+
+
+def operator_row(job: Job) -> dict[str, Any]:
+    """The client's job row plus what only an operator sees."""
+    return {**job_row(job), "org": job.org, "author": job.author, "worker": job.worker}
+
+
+# -- input -------------------------------------------------------------------------------
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_when(value: str, option: str) -> datetime:
+    """An ISO-8601 date or time (UTC unless it says otherwise), or an age such as 7d or 12h."""
+    ago = _AGO.match(value.strip())
+    if ago:
+        return utcnow() - timedelta(**{_UNIT[ago.group(2)]: float(ago.group(1))})
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError as err:
+        raise CliError(
+            f"{option} wants an ISO-8601 date/time (2025-01-31, 2025-01-31T12:00Z) or an age "
+            f"(30m, 12h, 7d), not {value!r}"
+        ) from err
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def parse_state(value: str | None) -> JobState | None:
+    if value is None:
+        return None
+    try:
+        return JobState(value)
+    except ValueError as err:
+        raise CliError(
+            f"--state must be one of {', '.join(s.value for s in JobState)}, not {value!r}"
+        ) from err
+
+
+# -- wiring ------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def operator_projection() -> AsyncIterator[Projection]:
+    async with open_projection(Settings()) as projection:
+        yield projection
+
+
+@asynccontextmanager
+async def operator_service() -> AsyncIterator[tuple[JobService, Settings]]:
+    """The API's JobService over a lazy Temporal client: reads work while Temporal is down."""
+    settings = Settings()
+    client = await connect_temporal(settings, lazy=True)
+    async with open_projection(settings) as projection:
+        dispatcher = build_dispatcher(settings, client, projection)
+        yield (
+            build_job_service(settings, projection, dispatcher, build_adapters(settings)),
+            settings,
+        )
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+
+@jobs_app.command("list")
+def list_jobs(
+    state: Annotated[str | None, typer.Option(help="Only jobs in this state")] = None,
+    org: Annotated[str | None, typer.Option(help="Only this org's jobs")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Created at or after: ISO date/time or an age (12h, 7d)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """Jobs of every org, newest first."""
+    wanted = parse_state(state)
+    after = parse_when(since, "--since") if since else None
+
+    async def fetch() -> list[Job]:
+        async with operator_projection() as projection:
+            return await operations.list_jobs(
+                projection.sessions, state=wanted, org=org, since=after, limit=limit
+            )
+
+    jobs = run(fetch())
+    if as_json:
+        emit_json({"jobs": [operator_row(job) for job in jobs]})
+        return
+    console().print(table(f"{len(jobs)} jobs", JOB_COLUMNS, (job_cells(job) for job in jobs)))
+
+
+@jobs_app.command("show")
+def show(job_id: str, as_json: JsonOpt = False) -> None:
+    """One job, its events, and the other jobs of its prompt."""
+
+    async def fetch() -> tuple[Job, list[JobEvent], list[Job]]:
+        async with operator_projection() as projection:
+            store = projection.store
+            job = await store.job(OPERATOR, job_id)
+            events = await store.job_events(OPERATOR, job_id)
+            _prompt, siblings = await store.prompt(OPERATOR, job.prompt_id)
+            return job, events, [other for other in siblings if other.job_id != job_id]
+
+    try:
+        job, events, others = run(fetch())
+    except NotFound as err:
+        raise CliError(f"no job {job_id}") from err
+    if as_json:
+        emit_json(
+            {
+                "job": operator_row(job),
+                "events": [_event(event) for event in events],
+                "prompt_jobs": [operator_row(other) for other in others],
+            }
+        )
+        return
+    out = console()
+    fields = operator_row(job)
+    out.print(table(f"job {job_id}", ("field", "value"), fields.items()))
+    out.print(
+        table(
+            "events",
+            ("id", "at", "state", "attempt", "error", "worker"),
+            (
+                (
+                    e.id,
+                    _short(e.created_at),
+                    e.state.value,
+                    e.data.get("attempt"),
+                    e.data.get("error_kind"),
+                    e.data.get("worker"),
+                )
+                for e in events
+            ),
+        )
+    )
+    out.print(table(f"other jobs of prompt {job.prompt_id}", JOB_COLUMNS, map(job_cells, others)))
+
+
+def _event(event: JobEvent) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "type": event.type,
+        "state": event.state.value,
+        "created_at": _iso(event.created_at),
+        "data": event.data,
+    }
+
+
+@jobs_app.command("cancel")
+def cancel(job_id: str, as_json: JsonOpt = False) -> None:
+    """Cancel a queued or running job (delivered to its workflow before this returns)."""
+
+    async def act() -> Job:
+        async with operator_service() as (service, settings):
+            try:
+                return await service.cancel(OPERATOR, job_id, wait=True)
+            except TemporalUnreachable as err:
+                raise CliError(
+                    f"cancel of {job_id} is recorded, but Temporal at {settings.temporal_address} "
+                    f"is unreachable ({err}); the API's dispatcher delivers it once it is back"
+                ) from err
+
+    job = _acting(act(), job_id)
+    _report(job, as_json, f"{job_id}: cancel delivered; the job is {job.state.value}")
+
+
+@jobs_app.command("retry")
+def retry(job_id: str, as_json: JsonOpt = False) -> None:
+    """Run a settled job's prompt again as a new job that supersedes it."""
+
+    async def act() -> Job:
+        async with operator_service() as (service, settings):
+            try:
+                return await service.retry(OPERATOR, job_id, wait=True)
+            except TemporalUnreachable as err:
+                raise CliError(
+                    f"retry of {job_id} is recorded, but Temporal at {settings.temporal_address} "
+                    f"is unreachable ({err}); the API's dispatcher starts it once it is back"
+                ) from err
+
+    job = _acting(act(), job_id)
+    _report(job, as_json, f"{job.job_id}: started; supersedes {job_id}")
+
+
+def _acting(work: Any, job_id: str) -> Job:
+    try:
+        job: Job = run(work)
+    except NotFound as err:
+        raise CliError(f"no job {job_id}") from err
+    except InvalidState as err:
+        raise CliError(str(err)) from err
+    return job
+
+
+def _report(job: Job, as_json: bool, line: str) -> None:
+    if as_json:
+        emit_json(operator_row(job))
+    else:
+        typer.echo(line)
+
+
+@jobs_app.command("metrics")
+def metrics(
+    org: Annotated[str | None, typer.Option(help="Only this org")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Jobs created at or after: ISO date/time or an age (7d)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Per org: jobs by state, wait (created→started) and run (started→finished) latency
+    percentiles in seconds, and error kinds."""
+    after = parse_when(since, "--since") if since else None
+
+    async def fetch() -> list[operations.OrgMetrics]:
+        async with operator_projection() as projection:
+            return await operations.queue_metrics(projection.sessions, since=after, org=org)
+
+    per_org = run(fetch())
+    if as_json:
+        emit_json({"orgs": [asdict(m) for m in per_org]})
+        return
+    out = console()
+    states = [state.value for state in JobState]
+    out.print(
+        table("jobs by state", ("org", *states), ([m.org, *m.states.values()] for m in per_org))
+    )
+    pcts = [f"p{p}" for p in operations.PERCENTILES]
+    out.print(
+        table(
+            "latency (s)",
+            ("org", *(f"wait {p}" for p in pcts), *(f"run {p}" for p in pcts)),
+            ([m.org, *m.wait_s.values(), *m.run_s.values()] for m in per_org),
+        )
+    )
+    out.print(
+        table(
+            "error kinds (failed, and re-queued after a failed attempt)",
+            ("org", "error kind", "jobs"),
+            ((m.org, kind, n) for m in per_org for kind, n in m.error_kinds.items()),
+        )
+    )
+
+
+@jobs_app.command("archive")
+def archive(
+    before: Annotated[str, typer.Option(help="Finished before: ISO date/time or an age (30d)")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count, remove nothing")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove settled jobs finished before a date, with their events; a prompt left with no
+    job goes too, with its responses."""
+    cutoff = parse_when(before, "--before")
+
+    async def act() -> operations.Archived:
+        async with operator_projection() as projection:
+            return await operations.archive(projection.sessions, before=cutoff, dry_run=dry_run)
+
+    done = run(act())
+    if as_json:
+        emit_json({**asdict(done), "before": _iso(cutoff)})
+        return
+    verb = "would remove" if dry_run else "removed"
+    typer.echo(
+        f"{verb} {done.jobs} jobs, {done.events} events, {done.prompts} prompts and "
+        f"{done.responses} responses finished before {_iso(cutoff)}"
+    )
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+def status(as_json: JsonOpt = False) -> None:
+    """The fleet at a glance: jobs per state, workers seen in the projection, and Temporal's
+    pollers on the task queue (with when each last polled)."""
+    health, temporal = run(_status())
+    if as_json:
+        emit_json({"projection": asdict(health), "temporal": temporal})
+        return
+    out = console()
+    out.print(table("jobs", ("state", "jobs"), health.states.items()))
+    typer.echo(f"last transition: {_short(health.last_transition_at) or 'none yet'}")
+    out.print(
+        table(
+            "workers seen in the last hour (from the jobs they ran)",
+            ("worker", "last seen", "running", "succeeded", "failed", "cancelled"),
+            (
+                (w.worker, _short(w.last_seen), w.running, w.succeeded, w.failed, w.cancelled)
+                for w in health.workers
+            ),
+        )
+    )
+    if temporal.get("error"):
+        typer.echo(f"Temporal at {temporal['address']}: unreachable ({temporal['error']})")
+        return
+    out.print(
+        table(
+            f"pollers on task queue {temporal['task_queue']} ({temporal['address']})",
+            ("kind", "identity", "last poll", "backlog"),
+            (
+                (p["kind"], p["identity"], _short(p["last_access_time"]), p["backlog"])
+                for p in temporal["pollers"]
+            ),
+        )
+    )
+
+
+async def _status() -> tuple[operations.ProjectionHealth, dict[str, Any]]:
+    settings = Settings()
+    async with open_projection(settings) as projection:
+        health = await operations.projection_health(
+            projection.sessions, workers_since=utcnow() - timedelta(seconds=WORKERS_SEEN_S)
+        )
+    temporal: dict[str, Any] = {
+        "address": settings.temporal_address,
+        "task_queue": settings.temporal_task_queue,
+    }
+    try:
+        client = await connect_temporal(settings)
+        temporal["pollers"] = await task_queue_pollers(client, settings.temporal_task_queue)
+    except (RuntimeError, OSError) as err:  # connect failures surface as RuntimeError
+        temporal["error"] = str(err).splitlines()[0]
+    return health, temporal
+
+
+async def task_queue_pollers(client: Client, task_queue: str) -> list[dict[str, Any]]:
+    """Who polls the task queue, per kind, and the approximate backlog Temporal reports."""
+    pollers: list[dict[str, Any]] = []
+    kinds = {
+        "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    }
+    for kind, queue_type in kinds.items():
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=task_queue),
+                task_queue_type=queue_type,
+                report_stats=True,
+            )
+        )
+        backlog = described.stats.approximate_backlog_count
+        for poller in described.pollers:
+            pollers.append(
+                {
+                    "kind": kind,
+                    "identity": poller.identity,
+                    "last_access_time": poller.last_access_time.ToDatetime(tzinfo=UTC),
+                    "backlog": backlog,
+                }
+            )
+    return pollers

@@ -1,0 +1,233 @@
+"""`promptjobs jobs …` and `promptjobs status` against a SQLite file and the real dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.testing import WorkflowEnvironment
+from typer.testing import CliRunner, Result
+
+from promptjobs.cli import app
+from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
+
+SLOW = {"fake": {"latency_ms": 20_000}}
+
+
+@pytest.fixture
+async def sqlite_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
+    settings = make_settings(tmp_path, database_url=f"sqlite:///{tmp_path / 'jobs.db'}")
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
+def cli_env(stack: Stack, **overrides: str) -> dict[str, str]:
+    """How an operator points the CLI at the service: the same PROMPTJOBS_* settings."""
+    return {
+        "PROMPTJOBS_DATABASE_URL": stack.settings.projection_url,
+        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+        "PROMPTJOBS_TEMPORAL_TASK_QUEUE": stack.settings.temporal_task_queue,
+        "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
+        **overrides,
+    }
+
+
+async def cli(stack: Stack, *args: str) -> Result:
+    # A thread of its own: the command runs its own event loop, as it does from a shell.
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=cli_env(stack))
+    assert result.exception is None, (result.output, result.exception)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+async def cli_json(stack: Stack, *args: str) -> Any:
+    return json.loads((await cli(stack, *args, "--json")).output)
+
+
+async def _globex_job(stack: Stack, **body: Any) -> str:
+    async with stack.as_user(await stack.key("globex", "gus")) as globex:
+        response = await globex.post("/v1/prompts", json={"prompt": "from globex", **body})
+    assert response.status_code == 202
+    job_id: str = response.json()["job_id"]
+    return job_id
+
+
+async def test_list_and_show_see_every_org(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    acme = (await stack.submit("from acme"))["job_id"]
+    globex = await _globex_job(stack, max_attempts=1, options={"fake": {"fail": ["auth"]}})
+    await stack.settled(acme)
+    await eventually(
+        lambda: cli_json(stack, "jobs", "show", globex),
+        lambda shown: shown["job"]["state"] == "failed",
+    )
+
+    listed = await cli_json(stack, "jobs", "list")
+    assert {job["job_id"]: job["org"] for job in listed["jobs"]} == {
+        acme: "acme",
+        globex: "globex",
+    }
+    only_failed = await cli_json(stack, "jobs", "list", "--state", "failed", "--org", "globex")
+    assert [job["job_id"] for job in only_failed["jobs"]] == [globex]
+    future = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert (await cli_json(stack, "jobs", "list", "--since", future))["jobs"] == []
+    assert (
+        len((await cli_json(stack, "jobs", "list", "--since", "1h", "--limit", "1"))["jobs"]) == 1
+    )
+
+    human = (await cli(stack, "jobs", "list")).output
+    assert acme in human and globex in human and "globex" in human
+
+    shown = await cli_json(stack, "jobs", "show", globex)
+    assert shown["job"]["error_kind"] == "auth"
+    assert [event["state"] for event in shown["events"]] == ["queued", "running", "failed"]
+    assert shown["prompt_jobs"] == []
+    human = (await cli(stack, "jobs", "show", globex)).output
+    assert "auth" in human and "events" in human
+
+
+async def test_cancel_and_retry_act_through_temporal(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    job_id = (await stack.submit("long", options=SLOW))["job_id"]
+    await eventually(lambda: stack.job(job_id), lambda j: j["state"] == "running")
+
+    cancelled = await cli_json(stack, "jobs", "cancel", job_id)
+    assert cancelled["job_id"] == job_id
+    assert (await stack.settled(job_id))["state"] == "cancelled"
+
+    retried = await cli_json(stack, "jobs", "retry", job_id)
+    new_id = retried["job_id"]
+    assert retried["supersedes"] == job_id and retried["state"] == "queued"
+    # The command returned only once Temporal had the new job's workflow.
+    assert (await stack.client.get_workflow_handle(new_id).describe()).id == new_id
+    assert (await stack.job(job_id))["superseded_by"] == new_id
+
+    shown = await cli_json(stack, "jobs", "show", new_id)
+    assert [job["job_id"] for job in shown["prompt_jobs"]] == [job_id]
+    await cli(stack, "jobs", "cancel", new_id)
+    assert (await stack.settled(new_id))["state"] == "cancelled"
+    human = (await cli(stack, "jobs", "retry", new_id)).output
+    assert f"supersedes {new_id}" in human
+
+    refused = await asyncio.to_thread(
+        CliRunner().invoke, app, ["jobs", "cancel", job_id], env=cli_env(stack)
+    )
+    assert refused.exit_code != 0
+    assert "superseded" in str(refused.exception)
+
+
+async def test_cancel_while_temporal_is_unreachable_says_so_in_one_line(
+    sqlite_stack: Stack,
+) -> None:
+    stack = sqlite_stack
+    job_id = (await stack.submit("long", options=SLOW))["job_id"]
+    await eventually(lambda: stack.job(job_id), lambda j: j["state"] == "running")
+    env = {**os.environ, **cli_env(stack, PROMPTJOBS_TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptjobs", "jobs", "cancel", job_id,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _out, err = await asyncio.wait_for(process.communicate(), 60)
+    lines = err.decode().strip().splitlines()
+    assert process.returncode == 1
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert (
+        lines[0].startswith(f"error: cancel of {job_id} is recorded") and "unreachable" in lines[0]
+    )
+    # The request is on the row: the API's dispatcher delivers it.
+    assert (await stack.settled(job_id))["state"] == "cancelled"
+
+
+async def test_metrics_per_org(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    ok = [(await stack.submit(f"p{i}"))["job_id"] for i in range(3)]
+    bad = await _globex_job(stack, max_attempts=1, options={"fake": {"fail": ["rate_limit"]}})
+    for job_id in ok:
+        await stack.settled(job_id)
+    await eventually(
+        lambda: cli_json(stack, "jobs", "show", bad), lambda s: s["job"]["state"] == "failed"
+    )
+
+    orgs = {m["org"]: m for m in (await cli_json(stack, "jobs", "metrics"))["orgs"]}
+    assert set(orgs) == {"acme", "globex", "*"}
+    assert orgs["acme"]["states"]["succeeded"] == 3
+    assert orgs["globex"]["states"]["failed"] == 1
+    assert orgs["globex"]["error_kinds"] == {"rate_limit": 1}
+    assert orgs["*"]["states"]["succeeded"] == 3 and orgs["*"]["states"]["failed"] == 1
+    for latency in ("wait_s", "run_s"):
+        p50, p99 = orgs["acme"][latency]["p50"], orgs["acme"][latency]["p99"]
+        assert p50 is not None and p99 is not None and 0 <= p50 <= p99
+    only = (await cli_json(stack, "jobs", "metrics", "--org", "globex"))["orgs"]
+    assert {m["org"] for m in only} == {"globex", "*"}
+
+    human = (await cli(stack, "jobs", "metrics")).output
+    assert "rate_limit" in human and "wait p50" in human and "globex" in human
+
+
+async def test_archive_removes_old_settled_jobs_and_their_orphaned_prompts(
+    sqlite_stack: Stack,
+) -> None:
+    stack = sqlite_stack
+    done = (await stack.submit("done"))["job_id"]
+    finished = await stack.settled(done)
+    retried = (await stack.submit("retried"))["job_id"]
+    await stack.settled(retried)
+    replacement = (await stack.http.post(f"/v1/jobs/{retried}/retry")).json()["job_id"]
+    await stack.settled(replacement)
+    live = (await stack.submit("live", options=SLOW))["job_id"]
+    await eventually(lambda: stack.job(live), lambda j: j["state"] == "running")
+
+    cutoff = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    dry = await cli_json(stack, "jobs", "archive", "--before", cutoff, "--dry-run")
+    # done (+prompt, +response), retried and its replacement (+prompt, +2 responses).
+    assert (dry["jobs"], dry["prompts"], dry["responses"], dry["dry_run"]) == (3, 2, 3, True)
+    assert dry["events"] == 3 + 4 + 3  # queued/running/succeeded, plus superseded
+    assert (await stack.job(done))["state"] == "succeeded"
+
+    human = (await cli(stack, "jobs", "archive", "--before", cutoff)).output
+    assert human.startswith("removed 3 jobs, 10 events, 2 prompts and 3 responses")
+    for gone in (done, retried, replacement):
+        assert (await stack.http.get(f"/v1/jobs/{gone}")).status_code == 404
+    assert (await stack.http.get(f"/v1/responses/{finished['response_id']}")).status_code == 404
+    assert (await stack.job(live))["state"] == "running"
+    again = await cli_json(stack, "jobs", "archive", "--before", cutoff)
+    assert (again["jobs"], again["prompts"]) == (0, 0)
+    await stack.http.post(f"/v1/jobs/{live}/cancel")
+    await stack.settled(live)
+
+
+async def test_status_shows_jobs_workers_and_pollers(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    await stack.settled((await stack.submit("one"))["job_id"])
+
+    status = await cli_json(stack, "status")
+    assert status["projection"]["states"]["succeeded"] == 1
+    assert status["projection"]["last_transition_at"] is not None
+    (worker,) = status["projection"]["workers"]
+    assert worker["succeeded"] == 1 and str(os.getpid()) in worker["worker"]
+    kinds = {poller["kind"] for poller in status["temporal"]["pollers"]}
+    assert kinds == {"workflow", "activity"}
+    assert all(p["last_access_time"] for p in status["temporal"]["pollers"])
+
+    human = (await cli(stack, "status")).output
+    assert "pollers on task queue" in human and worker["worker"] in human
+
+
+async def test_workflow_of_cancelled_job_is_closed(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    job_id = (await stack.submit("long", options=SLOW))["job_id"]
+    await eventually(lambda: stack.job(job_id), lambda j: j["state"] == "running")
+    await cli(stack, "jobs", "cancel", job_id)
+    described = await eventually(
+        lambda: stack.client.get_workflow_handle(job_id).describe(),
+        lambda d: d.status is WorkflowExecutionStatus.CANCELED,
+    )
+    assert described.status is WorkflowExecutionStatus.CANCELED

@@ -1,0 +1,87 @@
+"""What operators see outside the CLI: Temporal visibility queries and Prometheus /metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Stack, eventually
+
+FAIL_RATE_LIMITED = {"fake": {"fail": ["rate_limit"], "retry_after_s": 1}}
+
+
+async def test_failed_rate_limited_jobs_of_one_org_are_one_visibility_query(stack: Stack) -> None:
+    failed = await stack.submit("limited", max_attempts=1, options=FAIL_RATE_LIMITED)
+    succeeded = await stack.submit("fine")
+    async with stack.as_user(await stack.key("globex", "gus")) as globex:
+        other = (
+            await globex.post(
+                "/v1/prompts",
+                json={"prompt": "limited", "max_attempts": 1, "options": FAIL_RATE_LIMITED},
+            )
+        ).json()
+    for job_id in (failed["job_id"], succeeded["job_id"]):
+        await stack.settled(job_id)
+
+    query = (
+        'PromptJobOrg="acme" AND PromptJobState="failed" AND PromptJobErrorKind="rate_limit"'
+        f' AND TaskQueue="{stack.settings.temporal_task_queue}"'
+    )
+
+    async def found() -> list[str]:
+        return [wf.id async for wf in stack.client.list_workflows(query)]
+
+    ids = await eventually(found, lambda ids: ids == [failed["job_id"]], timeout=30)
+    assert other["job_id"] not in ids
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def _scrape(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+        response = await anonymous.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return _samples(response.text)
+
+
+async def test_metrics_count_submissions_transitions_adapter_calls_and_queue_depth(
+    stack: Stack,
+) -> None:
+    before = await _scrape(stack)
+    ok = await stack.submit("fine")
+    bad = await stack.submit("limited", max_attempts=1, options=FAIL_RATE_LIMITED)
+    later = (datetime.now(UTC) + timedelta(minutes=10)).isoformat()
+    waiting = await stack.submit("later", scheduled_for=later)
+    for job_id in (ok["job_id"], bad["job_id"]):
+        await stack.settled(job_id)
+
+    after = await _scrape(stack)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("promptjobs_submissions_total", org="acme") == 3
+    assert delta("promptjobs_job_transitions_total", state="queued", error_kind="") == 3
+    assert delta("promptjobs_job_transitions_total", state="running", error_kind="") == 2
+    assert delta("promptjobs_job_transitions_total", state="succeeded", error_kind="") == 1
+    assert delta("promptjobs_job_transitions_total", state="failed", error_kind="rate_limit") == 1
+    calls = "promptjobs_adapter_call_seconds_count"
+    assert delta(calls, provider="fake", outcome="ok") == 1
+    assert delta(calls, provider="fake", outcome="rate_limit") == 1
+    assert after[("promptjobs_jobs", (("state", "queued"),))] == 1  # the scheduled one
+    assert after[("promptjobs_jobs", (("state", "running"),))] == 0
+
+    await stack.http.post(f"/v1/jobs/{waiting['job_id']}/cancel")
+    await stack.settled(waiting["job_id"])
+    cancelled = await _scrape(stack)
+    assert cancelled[("promptjobs_jobs", (("state", "queued"),))] == 0

@@ -1,0 +1,33 @@
+"""Tenancy: the operator scope sees every org, and no API key can ever carry it."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import update
+
+from projections.db import transaction
+from projections.keys import authenticate, create_key
+from projections.models import ApiKey
+from projections.store import NotFound, Scope, Submission
+from promptjobs.runtime import Projection
+
+
+async def test_operator_sees_every_org_and_admins_only_their_own(projection: Projection) -> None:
+    store = projection.store
+    submission = Submission(text="hi", priority=50, max_attempts=3, options={})
+    globex = (await store.submit(Scope("globex", "gus"), submission)).job
+
+    assert (await store.job(Scope.operator(), globex.job_id)).org == "globex"
+    with pytest.raises(NotFound):
+        await store.job(Scope("acme", "root", "admin"), globex.job_id)
+
+
+async def test_no_api_key_can_be_an_operator(projection: Projection) -> None:
+    with pytest.raises(ValueError):
+        await create_key(projection.sessions, "acme", "mallory", "operator")
+    issued = await create_key(projection.sessions, "acme", "mallory", "admin")
+    async with transaction(projection.sessions) as session:
+        await session.execute(
+            update(ApiKey).where(ApiKey.key_id == issued.key_id).values(role="operator")
+        )
+    assert await authenticate(projection.sessions, issued.secret) is None
