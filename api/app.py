@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from api import problems
 from api.deps import Services
-from api.routes import events, health, jobs, prompts, responses
+from api.routes import events, health, jobs, page, prompts, responses
 
 
 def create_app(services: Services) -> FastAPI:
@@ -20,6 +20,6 @@ def create_app(services: Services) -> FastAPI:
     )
     app.state.services = services
     problems.install(app)
-    for module in (prompts, jobs, responses, events, health):
+    for module in (prompts, jobs, responses, events, health, page):
         app.include_router(module.router)
     return app
