@@ -30,21 +30,27 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
-# Records every data-state a prompt card takes, in order, so a test can tell what the user saw
-# even when a state lasted only a few milliseconds.
+# Records every state a prompt card and the connection pill take, in order, so a test can tell
+# what the user saw even when a state lasted only a few milliseconds.
 RECORD_STATES = """
 window.__seenStates = {};
+window.__seenModes = [];
+const remember = (seen, values) => {
+  for (const value of values) if (value && seen[seen.length - 1] !== value) seen.push(value);
+};
 new MutationObserver((records) => {
   for (const record of records) {
-    const card = record.target;
-    if (!card.classList || !card.classList.contains("prompt")) continue;
-    const seen = (window.__seenStates[card.dataset.promptId] ||= []);
-    for (const value of [record.oldValue, card.dataset.state]) {
-      if (value && seen[seen.length - 1] !== value) seen.push(value);
+    const node = record.target;
+    if (node.id === "connection") {
+      remember(window.__seenModes, [record.oldValue, node.dataset.mode]);
+    } else if (node.classList && node.classList.contains("prompt")) {
+      const seen = (window.__seenStates[node.dataset.promptId] ||= []);
+      remember(seen, [record.oldValue, node.dataset.state]);
     }
   }
 }).observe(document, {
-  subtree: true, attributes: true, attributeOldValue: true, attributeFilter: ["data-state"],
+  subtree: true, attributes: true, attributeOldValue: true,
+  attributeFilter: ["data-state", "data-mode"],
 });
 """
 
