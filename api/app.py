@@ -6,7 +6,7 @@ from fastapi import FastAPI
 
 from api import problems
 from api.deps import Services
-from api.routes import events, health, jobs, metrics, prompts, responses
+from api.routes import events, health, jobs, metrics, page, prompts, responses
 
 
 def create_app(services: Services) -> FastAPI:
@@ -20,6 +20,6 @@ def create_app(services: Services) -> FastAPI:
     )
     app.state.services = services
     problems.install(app)
-    for module in (prompts, jobs, responses, events, health, metrics):
+    for module in (prompts, jobs, responses, events, health, metrics, page):
         app.include_router(module.router)
     return app

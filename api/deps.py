@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.changes import ChangeFeed
@@ -35,12 +35,9 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 bearer = HTTPBearer(auto_error=False, description="An API key from `promptjobs keys create`")
 
 
-async def get_caller(
-    services: ServicesDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-) -> Scope:
+async def _authenticate(services: Services, token: str | None) -> Scope:
     challenge = {"WWW-Authenticate": "Bearer"}
-    if credentials is None:
+    if token is None:
         raise Problem(
             401,
             "unauthenticated",
@@ -48,7 +45,7 @@ async def get_caller(
             "send `Authorization: Bearer <key>`; create a key with `promptjobs keys create`",
             headers=challenge,
         )
-    scope = await authenticate(services.store.sessions, credentials.credentials)
+    scope = await authenticate(services.store.sessions, token)
     if scope is None:
         raise Problem(
             401,
@@ -60,4 +57,29 @@ async def get_caller(
     return scope
 
 
+async def get_caller(
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Scope:
+    return await _authenticate(services, credentials.credentials if credentials else None)
+
+
+async def get_stream_caller(
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    access_token: Annotated[
+        str | None,
+        Query(
+            description="The API key, for clients that cannot set headers (a browser's "
+            "`EventSource`); the `Authorization` header is preferred and wins when both are sent"
+        ),
+    ] = None,
+) -> Scope:
+    """For GET /v1/events only: a key in the URL can end up in logs and history, so no other
+    route accepts one."""
+    token = credentials.credentials if credentials else access_token
+    return await _authenticate(services, token)
+
+
 Caller = Annotated[Scope, Depends(get_caller)]
+StreamCaller = Annotated[Scope, Depends(get_stream_caller)]

@@ -90,6 +90,17 @@ class PromptOut(BaseModel):
         )
 
 
+class PromptList(BaseModel):
+    prompts: list[PromptOut] = Field(description="Newest first, by when the prompt was submitted")
+    next_before: str | None = Field(
+        description="Pass as `before` for the next (older) page; null on the last page"
+    )
+    cursor: str = Field(
+        description="The event cursor as of this read: pass it as `since` to `GET /v1/events` "
+        "or `GET /v1/jobs` to follow every change made after it"
+    )
+
+
 class Usage(BaseModel):
     input_tokens: int | None
     output_tokens: int | None

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, func, select, update
+from sqlalchemy import Select, and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -319,6 +319,35 @@ class JobStore:
                 )
             ).scalars()
             return prompt, list(jobs)
+
+    async def prompts_before(
+        self, scope: Scope, limit: int, before: str | None = None
+    ) -> list[tuple[Prompt, list[Job]]]:
+        """The caller's prompts newest first (by creation, not by what their jobs did), each
+        with its jobs oldest first; `before` is the last prompt id of the previous page."""
+        stmt = _scoped(select(Prompt), Prompt, scope)
+        async with self.sessions() as session:
+            if before is not None:
+                edge = await session.get(Prompt, before)
+                if edge is None or not _visible(edge, scope):
+                    raise NotFound(before)
+                # prompt_id breaks ties between prompts created in the same microsecond.
+                stmt = stmt.where(
+                    or_(
+                        Prompt.created_at < edge.created_at,
+                        and_(Prompt.created_at == edge.created_at, Prompt.prompt_id < before),
+                    )
+                )
+            stmt = stmt.order_by(Prompt.created_at.desc(), Prompt.prompt_id.desc()).limit(limit)
+            prompts = list((await session.execute(stmt)).scalars())
+            jobs: dict[str, list[Job]] = {prompt.prompt_id: [] for prompt in prompts}
+            if prompts:
+                rows = await session.execute(
+                    select(Job).where(Job.prompt_id.in_(jobs)).order_by(Job.created_at)
+                )
+                for job in rows.scalars():
+                    jobs[job.prompt_id].append(job)
+        return [(prompt, jobs[prompt.prompt_id]) for prompt in prompts]
 
     async def response(self, scope: Scope, response_id: str) -> Response:
         async with self.sessions() as session:

@@ -56,6 +56,7 @@ def _print_stack(stack: DevStack) -> None:
             [
                 "promptjobs is running (Ctrl-C stops it)",
                 f"  API          {stack.api_url}",
+                f"  Web page     {stack.api_url}/?key={stack.api_key}",
                 f"  API docs     {stack.api_url}/docs",
                 f"  Temporal UI  {stack.ui_url or '(disabled)'}",
                 f"  Temporal     {stack.temporal_address}",

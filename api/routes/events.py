@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from api.deps import Caller, ServicesDep
+from api.deps import ServicesDep, StreamCaller
 from api.problems import Problem
 from api.routes.prompts import PROBLEMS
 
@@ -32,7 +32,7 @@ BATCH = 200
 )
 async def stream_events(
     request: Request,
-    caller: Caller,
+    caller: StreamCaller,
     services: ServicesDep,
     since: Annotated[
         str | None,
@@ -42,7 +42,9 @@ async def stream_events(
     prompt_id: str | None = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
-    """A reconnect with `Last-Event-ID` resumes right after that event: no gap, no repeat."""
+    """A reconnect with `Last-Event-ID` resumes right after that event: no gap, no repeat.
+    Authenticate with `Authorization: Bearer <key>`, or, from a browser `EventSource` (which
+    cannot send headers), with `?access_token=<key>`."""
     resume = last_event_id if last_event_id is not None else since
     if resume is not None and not resume.isdigit():
         raise Problem(422, "validation", "Invalid cursor", "Last-Event-ID must be an event id")

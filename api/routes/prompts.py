@@ -1,15 +1,16 @@
-"""POST /v1/prompts (submit) and GET /v1/prompts/{id} (a prompt and its jobs)."""
+"""POST /v1/prompts (submit), GET /v1/prompts (the caller's, newest first) and
+GET /v1/prompts/{id} (a prompt and its jobs)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Response, status
+from fastapi import APIRouter, Header, Query, Response, status
 
 from activities.adapters.base import InvalidOptions
 from api.deps import Caller, ServicesDep
 from api.problems import FieldError, Problem, ProblemDetails, not_found
-from api.schemas import Accepted, PromptOut, SubmitPrompt
+from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.store import IdempotencyConflict, NotFound, Submission
 
 router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
@@ -75,6 +76,33 @@ async def submit_prompt(
     response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
     return Accepted(
         prompt_id=accepted.prompt.prompt_id, job_id=accepted.job.job_id, state=accepted.job.state
+    )
+
+
+@router.get("", response_model=PromptList, responses=PROBLEMS)
+async def list_prompts(
+    caller: Caller,
+    services: ServicesDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    before: Annotated[
+        str | None, Query(max_length=40, description="A `next_before`: the page after it")
+    ] = None,
+) -> PromptList:
+    """The caller's prompts, newest submitted first, each with all its jobs (oldest first; the
+    last is the current one). `cursor` lets a client follow changes from this read on."""
+    # Read the cursor first: any change committed after it is also after the page below.
+    cursor = await services.store.latest_event_id()
+    try:
+        # One more than asked tells whether an older page exists.
+        page = await services.store.prompts_before(caller, limit + 1, before)
+    except NotFound as err:
+        raise not_found("prompt", before or "") from err
+    more = len(page) > limit
+    page = page[:limit]
+    return PromptList(
+        prompts=[PromptOut.of(prompt, jobs) for prompt, jobs in page],
+        next_before=page[-1][0].prompt_id if more else None,
+        cursor=str(cursor),
     )
 
 

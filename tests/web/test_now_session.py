@@ -1,0 +1,259 @@
+"""The Now Session page in headless Chromium against the whole running service."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from playwright.async_api import BrowserContext, Page, Route, expect
+
+from activities.adapters.fake import fake_output
+from tests.conftest import Stack
+from tests.web.conftest import OpenPage, screenshot
+
+SETTLED = re.compile(r"^(succeeded|failed|cancelled|superseded)$")
+
+
+async def submit_through_page(
+    page: Page, prompt: str, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Type into the compose box as a user would; return the API's 202 body."""
+    await page.fill("#prompt", prompt)
+    if options is not None:
+        advanced = page.locator("details.advanced")
+        if await advanced.get_attribute("open") is None:
+            await advanced.locator("summary").click()
+        await page.fill("#options", json.dumps(options))
+    async with page.expect_response(
+        lambda r: r.url.endswith("/v1/prompts") and r.request.method == "POST"
+    ) as answer:
+        await page.click("#submit")
+    response = await answer.value
+    assert response.status == 202, await response.text()
+    accepted: dict[str, Any] = await response.json()
+    return accepted
+
+
+def card(page: Page, prompt_id: str) -> Any:
+    return page.locator(f'li.prompt[data-prompt-id="{prompt_id}"]')
+
+
+async def saw(page: Page, prompt_id: str, state: str) -> None:
+    """Wait until the card has shown `state`, however briefly."""
+    await page.wait_for_function(
+        "([id, state]) => (window.__seenStates[id] || []).includes(state)", arg=[prompt_id, state]
+    )
+
+
+async def seen_states(page: Page, prompt_id: str) -> list[str]:
+    states: list[str] = await page.evaluate(f"window.__seenStates[{json.dumps(prompt_id)}] || []")
+    return states
+
+
+async def test_submitted_prompt_goes_queued_running_succeeded_without_reloading(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    # The key is taken once: stored for next time, gone from the address bar.
+    await expect(page.locator("#connection")).to_have_attribute("data-mode", "live")
+    assert "key=" not in page.url
+    assert await page.evaluate("localStorage.getItem('promptjobs.apiKey')") == web_stack.api_key
+    await page.evaluate("window.__sameDocument = true")
+
+    accepted = await submit_through_page(
+        page, "Write a haiku about queues", {"fake": {"latency_ms": 1500}}
+    )
+    item = card(page, accepted["prompt_id"])
+    await saw(page, accepted["prompt_id"], "running")
+    # What the user types while the job runs survives every update of the list.
+    await page.fill("#prompt", "a draft in progress")
+    await screenshot(page, "now-session-running")
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(fake_output("Write a haiku about queues"))
+
+    assert await seen_states(page, accepted["prompt_id"]) == ["queued", "running", "succeeded"]
+    assert await page.evaluate("window.__sameDocument") is True
+    assert await page.input_value("#prompt") == "a draft in progress"
+    assert await item.locator(".badge").first.inner_text() == "SUCCEEDED"
+    await expect(item.locator("button.cancel")).to_be_hidden()
+    await expect(item.locator("button.retry")).to_be_hidden()
+    await screenshot(page, "now-session-succeeded")
+    assert errors == []
+
+
+async def test_closing_the_tab_does_not_stop_the_job(web_stack: Stack, open_page: OpenPage) -> None:
+    page, _ = await open_page(f"/?key={web_stack.api_key}")
+    accepted = await submit_through_page(page, "survive the tab", {"fake": {"latency_ms": 3000}})
+    await saw(page, accepted["prompt_id"], "running")
+    await page.close()
+    assert (await web_stack.job(accepted["job_id"]))["state"] == "running"
+
+    job = await web_stack.settled(accepted["job_id"])
+    assert job["state"] == "succeeded"
+
+    # Reopened without ?key=: the key is remembered, the list is read from the API.
+    reopened, errors = await open_page("/")
+    item = card(reopened, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(fake_output("survive the tab"))
+    assert errors == []
+
+
+async def test_existing_prompts_are_listed_in_submission_order_not_completion_order(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    slow = await web_stack.submit(
+        "submitted first, finishes last", options={"fake": {"latency_ms": 800}}
+    )
+    fast = await web_stack.submit("submitted second, finishes first")
+    await web_stack.settled(fast["job_id"])
+    await web_stack.settled(slow["job_id"])
+
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    await expect(page.locator("li.prompt")).to_have_count(2)
+    order = await page.locator("li.prompt").evaluate_all(
+        "cards => cards.map(c => c.dataset.promptId)"
+    )
+
+    assert order == [fast["prompt_id"], slow["prompt_id"]]
+    assert errors == []
+
+
+async def test_failed_prompt_shows_failed_and_retry_runs_a_new_job(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    accepted = await submit_through_page(page, "bad credentials", {"fake": {"fail": ["auth"]}})
+    item = card(page, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "failed")
+    await expect(item.locator(".error-line")).to_contain_text("auth")
+    await expect(item.locator("button.retry")).to_be_visible()
+    await screenshot(page, "now-session-failed")
+
+    await item.locator("button.retry").click()
+
+    # The retry is a new job of the same prompt; the card follows it, the old one is history.
+    await expect(item).not_to_have_attribute("data-job-id", accepted["job_id"])
+    retried_id = await item.get_attribute("data-job-id")
+    assert retried_id is not None
+    # The fake adapter fails per attempt and a retried job starts again at attempt 1 with the
+    # prompt's same options: this job also ends failed — which shows the retry really ran.
+    await expect(item).to_have_attribute("data-state", "failed")
+    history = item.locator(".history")
+    await expect(history.locator(f'[data-job-id="{accepted["job_id"]}"]')).to_have_attribute(
+        "data-state", "superseded"
+    )
+    await expect(history.locator(f'[data-job-id="{retried_id}"]')).to_have_attribute(
+        "data-state", "failed"
+    )
+    old = await web_stack.job(accepted["job_id"])
+    assert old["state"] == "superseded" and old["superseded_by"] == retried_id
+    assert (await web_stack.job(retried_id))["supersedes"] == accepted["job_id"]
+    await history.locator("summary").click()
+    await screenshot(page, "now-session-failed-retried")
+    assert errors == []
+
+
+async def cancel_running_job(page: Page) -> tuple[dict[str, Any], Any]:
+    accepted = await submit_through_page(page, "changed my mind", {"fake": {"latency_ms": 3000}})
+    item = card(page, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "running")
+    await item.locator("button.cancel").click()
+    await expect(item).to_have_attribute("data-state", SETTLED)
+    return accepted, item
+
+
+async def test_cancelling_a_running_job_then_retrying_it_succeeds(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    accepted, item = await cancel_running_job(page)
+    assert await item.get_attribute("data-state") == "cancelled"
+    await expect(item.locator("button.retry")).to_be_visible()
+    await expect(item.locator("button.cancel")).to_be_hidden()
+
+    await item.locator("button.retry").click()
+
+    await expect(item).not_to_have_attribute("data-job-id", accepted["job_id"])
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(fake_output("changed my mind"))
+    old = await web_stack.job(accepted["job_id"])
+    assert old["state"] == "superseded"
+    assert old["superseded_by"] == await item.get_attribute("data-job-id")
+    assert errors == []
+
+
+async def test_a_job_waiting_for_temporal_can_be_cancelled_and_retried(
+    stack_without_temporal: Stack, open_page_without_temporal: OpenPage
+) -> None:
+    """Temporal is down: the job waits queued; the user cancels it and asks again."""
+    page, errors = await open_page_without_temporal(f"/?key={stack_without_temporal.api_key}")
+    accepted = await submit_through_page(page, "Temporal is down")
+    item = card(page, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "queued")
+    await expect(item.locator(".head .detail")).to_have_text("waiting for a worker")
+    await screenshot(page, "now-session-queued")
+
+    await item.locator("button.cancel").click()
+    await expect(item).to_have_attribute("data-state", "cancelled")
+    await screenshot(page, "now-session-cancelled")
+    await item.locator("button.retry").click()
+
+    await expect(item).not_to_have_attribute("data-job-id", accepted["job_id"])
+    await expect(item).to_have_attribute("data-state", "queued")
+    await expect(item.locator(f'.history [data-job-id="{accepted["job_id"]}"]')).to_have_attribute(
+        "data-state", "superseded"
+    )
+    assert await seen_states(page, accepted["prompt_id"]) == ["queued", "cancelled", "queued"]
+    await item.locator(".history summary").click()
+    await screenshot(page, "now-session-cancelled-retried")
+    assert errors == []
+
+
+async def test_page_falls_back_to_polling_when_sse_is_blocked(
+    web_stack: Stack, browser_context: BrowserContext, open_page: OpenPage
+) -> None:
+    streams: list[str] = []
+    polls: list[str] = []
+
+    async def block(route: Route) -> None:
+        streams.append(route.request.url)
+        await route.abort()
+
+    await browser_context.route("**/v1/events?*", block)
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    page.on("request", lambda r: polls.append(r.url) if "/v1/jobs?since=" in r.url else None)
+    await expect(page.locator("#connection")).not_to_have_attribute("data-mode", "connecting")
+
+    accepted = await submit_through_page(page, "no live stream", {"fake": {"latency_ms": 1500}})
+    item = card(page, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(fake_output("no live stream"))
+
+    assert await seen_states(page, accepted["prompt_id"]) == ["queued", "running", "succeeded"]
+    assert "polling" in await page.evaluate("window.__seenModes")
+    assert "live" not in await page.evaluate("window.__seenModes")
+    assert streams, "the page never tried SSE"
+    assert polls, "the page never polled"
+    # Nothing in flight: the page stops polling rather than poll forever.
+    await expect(page.locator("#connection")).to_have_attribute("data-mode", "idle")
+    await screenshot(page, "now-session-polling")
+    assert errors == []
+
+
+async def test_older_prompts_load_on_demand(
+    stack_without_temporal: Stack, open_page_without_temporal: OpenPage
+) -> None:
+    submitted = [await stack_without_temporal.submit(f"prompt {i}") for i in range(52)]
+
+    page, errors = await open_page_without_temporal(f"/?key={stack_without_temporal.api_key}")
+    cards = page.locator("li.prompt")
+    await expect(cards).to_have_count(50)
+    await page.click("#older")
+    await expect(cards).to_have_count(52)
+    await expect(page.locator("#older")).to_be_hidden()
+
+    order = await cards.evaluate_all("cards => cards.map(c => c.dataset.promptId)")
+    assert order == [accepted["prompt_id"] for accepted in reversed(submitted)]
+    assert errors == []
