@@ -52,6 +52,12 @@ async def heartbeating(interval_s: float) -> AsyncIterator[None]:
         task.cancel()
 
 
+def cut_off_by_shutdown() -> bool:
+    """The running activity was cancelled because its worker is shutting down, not by request."""
+    details = activity.cancellation_details()
+    return details is not None and details.worker_shutdown and not details.cancel_requested
+
+
 class JobActivities:
     def __init__(
         self,
@@ -93,6 +99,17 @@ class JobActivities:
                 result = await self._complete(request)
         except AdapterError as err:
             raise await self._failed_attempt(call, attempt, err) from err
+        except asyncio.CancelledError:
+            if not cut_off_by_shutdown():
+                raise  # the workflow asked: the job is being cancelled
+            # The worker's grace period ran out mid-call. Reported as a cancellation this
+            # would be refused (nobody asked) and the attempt would idle until its heartbeat
+            # timed out; as a worker_crash it is re-queued now and runs on another worker.
+            lost = AdapterError(
+                ErrorKind.WORKER_CRASH,
+                f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
+            )
+            raise await self._failed_attempt(call, attempt, lost) from None
         return _outcome(attempt, result)
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:

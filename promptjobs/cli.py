@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 
 from promptjobs.launch import DevStack, LaunchError, run_api, run_dev, run_worker, stop_on_signals
 from promptjobs.settings import Settings
@@ -141,5 +142,8 @@ def main() -> None:
     except (CliError, LaunchError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(1)
+    except ValidationError as err:
+        typer.echo(f"error: invalid configuration (PROMPTJOBS_* variables): {err}", err=True)
+        sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
