@@ -78,8 +78,14 @@ class JobActivities:
         """One attempt. Temporal runs the attempts; each reports its start and its failure to
         the projector so clients see running → queued → running with the error and the time
         of the next attempt. The workflow settles the job."""
-        info = activity.info()
-        attempt = info.attempt
+        timeout = activity.info().heartbeat_timeout or timedelta(seconds=10)
+        # Heartbeat through the whole attempt, its projection writes included: under load a
+        # write may wait on the event-log lock for longer than the heartbeat timeout, and a
+        # silent attempt would be taken for a dead worker.
+        async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
+            return await self._attempt(call, activity.info().attempt)
+
+    async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
         if started.state.is_terminal:
             raise ApplicationError(
@@ -93,10 +99,8 @@ class JobActivities:
             attempt=attempt,
             options=dict(prompt.options or {}),
         )
-        timeout = info.heartbeat_timeout or timedelta(seconds=10)
         try:
-            async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
-                result = await self._complete(request)
+            result = await self._complete(request)
         except AdapterError as err:
             raise await self._failed_attempt(call, attempt, err) from err
         except asyncio.CancelledError:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from tests.conftest import eventually
 
 
 @dataclass
@@ -19,6 +21,17 @@ class Stream:
 
     def states_of(self, job_id: str) -> list[str]:
         return [e["data"]["state"] for e in self.events if e["data"]["job_id"] == job_id]
+
+    @property
+    def ended(self) -> bool:
+        """The server ended the stream (or the reader failed: see `reader.exception()`)."""
+        return self.reader is not None and self.reader.done()
+
+    async def until(self, condition: Callable[[Stream], bool], timeout: float = 20.0) -> None:
+        async def probe() -> Stream:
+            return self
+
+        await eventually(probe, condition, timeout=timeout)
 
 
 async def _read(response: httpx.Response, stream: Stream) -> None:

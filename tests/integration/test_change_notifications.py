@@ -29,16 +29,8 @@ async def settles_on_stream(stack: Stack, stream: Stream) -> None:
     # The succeeded event is committed by the worker process at least 500 ms after the
     # submission woke this stream: only a NOTIFY can bring it here within the deadline.
     job_id = (await stack.submit("notify me", **PROMPT))["job_id"]
-    await eventually(
-        lambda: current(stream),
-        lambda s: "succeeded" in s.states_of(job_id),
-        timeout=POLL_S / 2,
-    )
+    await stream.until(lambda s: "succeeded" in s.states_of(job_id), timeout=POLL_S / 2)
     assert stream.states_of(job_id) == ["queued", "running", "succeeded"]
-
-
-async def current(stream: Stream) -> Stream:
-    return stream
 
 
 async def listener_pids(url: str) -> list[int]:

@@ -123,17 +123,9 @@ async def test_sigterm_to_the_api_ends_sse_streams_and_exits(
             accepted = await http.post("/v1/prompts", json={"prompt": "before the end"})
             assert accepted.status_code == 202
             async with sse(http, since="0") as stream:
-                await eventually(_same(stream), lambda s: len(s.events) == 1)
+                await stream.until(lambda s: len(s.events) == 1)
                 api.terminate()
-                assert stream.reader is not None
                 # The server ends the stream: the reader finishes without a protocol error.
-                await eventually(_same(stream.reader), lambda reader: reader.done(), timeout=10)
-                assert stream.reader.exception() is None
+                await stream.until(lambda s: s.ended, timeout=10)
+                assert stream.reader is not None and stream.reader.exception() is None
         assert await api.exited(timeout=10) == 0, api.output()
-
-
-def _same(value: Any) -> Any:
-    async def probe() -> Any:
-        return value
-
-    return probe
