@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -133,7 +134,7 @@ async def run_dev(
                 else None,
                 temporal_address=settings.temporal_address,
                 api_key=key,
-                database_url=settings.projection_url,
+                database_url=make_url(settings.projection_url).render_as_string(hide_password=True),
             )
             await serve(
                 settings,

@@ -30,7 +30,7 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("PROMPTJOBS_DATABASE_URL", "DATABASE_URL"),
         description=(
             "SQLAlchemy URL of the projection store, e.g. "
-            "`postgresql://user:pass@host:5432/promptjobs`; default: SQLite in `data_dir`."
+            "`postgresql://user:pass@host:5432/promptjobs`; default: SQLite in the data dir."
         ),
     )
     database_pool_size: int = Field(default=10, ge=1)
@@ -43,11 +43,11 @@ class Settings(BaseSettings):
     temporal_task_queue: str = "promptjobs"
     """Task queue the API starts workflows on and the workers poll; the same on both."""
     temporal_tls: bool = False
-    """Connect to Temporal over TLS (implied by any `temporal_tls_*` setting or an API key)."""
+    """Connect to Temporal over TLS (implied by any other `..._TLS_...` setting or an API key)."""
     temporal_tls_cert_path: Path | None = None
     """PEM client certificate for mutual TLS (Temporal Cloud mTLS, or a self-hosted mTLS)."""
     temporal_tls_key_path: Path | None = None
-    """PEM private key of `temporal_tls_cert_path`."""
+    """PEM private key of the client certificate (set both or neither)."""
     temporal_tls_ca_path: Path | None = None
     """PEM root CA to verify the server with; default: the system's roots."""
     temporal_tls_server_name: str | None = None
