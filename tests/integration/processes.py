@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,11 +106,3 @@ def promptjobs_process(command: str, env: dict[str, str], workdir: Path) -> Iter
         yield process
     finally:
         process.kill()
-
-
-@contextmanager
-def workers(count: int, env: dict[str, str], workdir: Path) -> Iterator[list[Process]]:
-    with ExitStack() as stack:
-        yield [
-            stack.enter_context(promptjobs_process("worker", env, workdir)) for _ in range(count)
-        ]
