@@ -56,6 +56,12 @@ async def heartbeating(interval_s: float) -> AsyncIterator[None]:
         task.cancel()
 
 
+def cut_off_by_shutdown() -> bool:
+    """The running activity was cancelled because its worker is shutting down, not by request."""
+    details = activity.cancellation_details()
+    return details is not None and details.worker_shutdown and not details.cancel_requested
+
+
 class JobActivities:
     def __init__(
         self,
@@ -76,8 +82,14 @@ class JobActivities:
         """One attempt. Temporal runs the attempts; each reports its start and its failure to
         the projector so clients see running → queued → running with the error and the time
         of the next attempt. The workflow settles the job."""
-        info = activity.info()
-        attempt = info.attempt
+        timeout = activity.info().heartbeat_timeout or timedelta(seconds=10)
+        # Heartbeat through the whole attempt, its projection writes included: under load a
+        # write may wait on the event-log lock for longer than the heartbeat timeout, and a
+        # silent attempt would be taken for a dead worker.
+        async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
+            return await self._attempt(call, activity.info().attempt)
+
+    async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
         if started.state.is_terminal:
             raise ApplicationError(
@@ -92,12 +104,21 @@ class JobActivities:
             attempt=attempt,
             options=dict(prompt.options or {}),
         )
-        timeout = info.heartbeat_timeout or timedelta(seconds=10)
         try:
-            async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
-                result = await self._complete(request)
+            result = await self._complete(request)
         except AdapterError as err:
             raise await self._failed_attempt(call, attempt, err) from err
+        except asyncio.CancelledError:
+            if not cut_off_by_shutdown():
+                raise  # the workflow asked: the job is being cancelled
+            # The worker's grace period ran out mid-call. Reported as a cancellation this
+            # would be refused (nobody asked) and the attempt would idle until its heartbeat
+            # timed out; as a worker_crash it is re-queued now and runs on another worker.
+            lost = AdapterError(
+                ErrorKind.WORKER_CRASH,
+                f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
+            )
+            raise await self._failed_attempt(call, attempt, lost) from None
         return _outcome(attempt, result)
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections import metrics
 from projections.db import transaction
 from projections.models import Job, JobEvent, Response
+from projections.notifications import notify_event
 from projections.states import JobState, is_allowed, progress_rank
 
 STATE_CHANGED = "job.state_changed"
@@ -123,6 +124,8 @@ async def append_event(session: AsyncSession, job: Job, now: datetime) -> int:
     await session.flush()
     job.last_event_id = event.id
     metrics.transition_pending(session, job)
+    # Sent at commit, to API processes that wake their SSE streams on it (PostgreSQL only).
+    await notify_event(session, event.id)
     return event.id
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 
 from promptjobs.launch import DevStack, LaunchError, run_api, run_dev, run_worker, stop_on_signals
 from promptjobs.settings import Settings
@@ -191,6 +192,9 @@ def main() -> None:
     except (CliError, LaunchError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         code = 1
+    except ValidationError as err:
+        typer.echo(f"error: invalid configuration (PROMPTJOBS_* variables): {err}", err=True)
+        code = 2
     except KeyboardInterrupt:
         code = 130
     except SystemExit as done:  # click ends every command with sys.exit

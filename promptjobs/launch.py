@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -124,7 +125,7 @@ async def run_dev(
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
     env = await start_dev_temporal(settings, ui=ui)
     try:
-        async with open_projection(settings) as projection:
+        async with open_projection(settings, listen=True) as projection:
             key = await dev_api_key(projection, settings.data_dir)
             stack = DevStack(
                 api_url=f"http://{settings.api_host}:{settings.api_port}",
@@ -133,7 +134,7 @@ async def run_dev(
                 else None,
                 temporal_address=settings.temporal_address,
                 api_key=key,
-                database_url=settings.projection_url,
+                database_url=make_url(settings.projection_url).render_as_string(hide_password=True),
             )
             await serve(
                 settings,
@@ -160,9 +161,11 @@ async def serve(
 ) -> None:
     """Run a worker and/or the API (with its dispatcher) against one projection until `stop`.
 
-    On stop the API stops accepting, in-flight requests finish and SSE streams close; the
-    worker stops polling and gives in-flight activities `shutdown_grace_s` to finish. A call
-    cut off by the grace period is retried elsewhere by Temporal (its heartbeat stops)."""
+    On stop the API closes its listening socket, ends its SSE streams (their clients resume
+    with Last-Event-ID elsewhere) and lets in-flight requests finish within
+    `shutdown_grace_s`; the worker stops polling and gives in-flight activities the same
+    grace. An adapter call cut off by the grace period is recorded as a worker_crash and
+    retried by Temporal on another worker; nothing is lost."""
     adapters = build_adapters(settings)
     tasks: list[asyncio.Task[None]] = []
     worker = build_worker(settings, client, projection, adapters) if run_worker else None
@@ -170,7 +173,9 @@ async def serve(
     if run_api:
         dispatcher = build_dispatcher(settings, client, projection)
         app = build_app(settings, projection, dispatcher, adapters)
-        server = api_server(app, settings.api_host, settings.api_port)
+        server = api_server(
+            app, settings.api_host, settings.api_port, grace_s=settings.shutdown_grace_s
+        )
         tasks.append(asyncio.create_task(server.serve(), name="api"))
         tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
     if worker is not None:
@@ -188,14 +193,19 @@ async def serve(
             on_ready()
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
         for task in done:
             if task is not stopped and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
-        stopped.cancel()
+        if stopped not in done:
+            # A part ended by itself (uvicorn after a fatal error, say): stop the rest.
+            raise LaunchError(f"{next(iter(done)).get_name()} stopped unexpectedly")
     finally:
         stop.set()
+        log.warning("shutting down (grace %ss)", settings.shutdown_grace_s)
         if server is not None:
             server.should_exit = True
+            projection.feed.close()
         if worker is not None:
             await worker.shutdown()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -206,7 +216,7 @@ async def run_api(settings: Settings, *, stop: asyncio.Event | None = None) -> N
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
     # Lazy: the API accepts submissions while Temporal is down; the dispatcher catches up.
     client = await connect_temporal(settings, lazy=True)
-    async with open_projection(settings) as projection:
+    async with open_projection(settings, listen=True) as projection:
         await serve(
             settings,
             client,

@@ -17,6 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from temporalio.client import Client
+from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
 from activities.adapters.base import Adapter, AdapterRegistry
@@ -28,6 +29,7 @@ from api.deps import Services
 from api.dispatch import Dispatcher
 from api.service import JobService
 from projections.db import create_engine, migrate, session_factory
+from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
 from promptjobs.settings import Settings
@@ -47,18 +49,26 @@ class Projection:
 
 @asynccontextmanager
 async def open_projection(
-    settings: Settings, *, run_migrations: bool = True
+    settings: Settings, *, run_migrations: bool = True, listen: bool = False
 ) -> AsyncIterator[Projection]:
+    """The projection store. With `listen` (API processes) on PostgreSQL, one dedicated
+    connection LISTENs for job events committed by any process and wakes the ChangeFeed."""
     url = settings.projection_url
     if run_migrations:
         await asyncio.to_thread(migrate, url)
-    engine = create_engine(url)
+    engine = create_engine(url, pool_size=settings.database_pool_size)
     sessions = session_factory(engine)
     feed = ChangeFeed()
     projector = Projector(sessions, on_commit=feed.notify)
+    listener = None
+    if listen and engine.dialect.name == "postgresql":
+        listener = asyncio.create_task(EventListener(url, feed.notify).run(), name="listen")
     try:
         yield Projection(engine, sessions, projector, JobStore(sessions, projector), feed)
     finally:
+        if listener is not None:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
         await engine.dispose()
 
 
@@ -68,11 +78,28 @@ def build_adapters(settings: Settings) -> AdapterRegistry:
 
 
 async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:
+    api_key = settings.temporal_api_key
     return await Client.connect(
         settings.temporal_address,
         namespace=settings.temporal_namespace,
-        tls=settings.temporal_tls,
+        tls=temporal_tls(settings),
+        api_key=api_key.get_secret_value() if api_key else None,
         lazy=lazy,
+    )
+
+
+def temporal_tls(settings: Settings) -> bool | TLSConfig:
+    if not settings.temporal_uses_tls:
+        return False
+
+    def read(path: Path | None) -> bytes | None:
+        return path.read_bytes() if path is not None else None
+
+    return TLSConfig(
+        server_root_ca_cert=read(settings.temporal_tls_ca_path),
+        domain=settings.temporal_tls_server_name,
+        client_cert=read(settings.temporal_tls_cert_path),
+        client_private_key=read(settings.temporal_tls_key_path),
     )
 
 
@@ -88,6 +115,7 @@ def build_worker(
         workflows=[PromptJobWorkflow],
         activities=[activities.call_adapter, activities.finalize_success, activities.settle_job],
         max_concurrent_activities=settings.worker_max_concurrent_activities,
+        max_concurrent_workflow_tasks=settings.worker_max_concurrent_workflow_tasks,
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_s),
     )
 
@@ -145,7 +173,7 @@ class ApiServer(uvicorn.Server):
         yield
 
 
-def api_server(app: FastAPI, host: str, port: int) -> ApiServer:
+def api_server(app: FastAPI, host: str, port: int, *, grace_s: float = 5.0) -> ApiServer:
     config = uvicorn.Config(
         app,
         host=host,
@@ -153,7 +181,8 @@ def api_server(app: FastAPI, host: str, port: int) -> ApiServer:
         log_level="warning",
         access_log=False,
         lifespan="off",
-        timeout_graceful_shutdown=5,
+        # In-flight requests get this long after should_exit; then their tasks are cancelled.
+        timeout_graceful_shutdown=max(1, round(grace_s)),
     )
     return ApiServer(config)
 

@@ -1,69 +1,146 @@
-"""Settings: the only place environment variables are read (prefix PROMPTJOBS_)."""
+"""Settings: the only place environment variables are read (prefix PROMPTJOBS_).
+
+Every field carries a docstring: docs/configuration.md is generated from them
+(`python -m promptjobs.settings_doc --write`) and a test keeps the two in step.
+"""
 
 from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from activities.errors import BackoffPolicy
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PROMPTJOBS_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="PROMPTJOBS_",
+        env_file=".env",
+        extra="ignore",
+        use_attribute_docstrings=True,
+    )
 
-    # Where the embedded stack keeps its SQLite projection and Temporal database.
     data_dir: Path = Path(".data")
+    """Where the embedded stack keeps its SQLite projection, Temporal database and dev key."""
     database_url: str | None = Field(
         default=None,
         validation_alias=AliasChoices("PROMPTJOBS_DATABASE_URL", "DATABASE_URL"),
-        description="SQLAlchemy URL of the projection store; default SQLite in data_dir.",
+        description=(
+            "SQLAlchemy URL of the projection store, e.g. "
+            "`postgresql://user:pass@host:5432/promptjobs`; default: SQLite in the data dir."
+        ),
     )
+    database_pool_size: int = Field(default=10, ge=1)
+    """Connections each process keeps open to PostgreSQL (as many again may overflow)."""
 
     temporal_address: str = "127.0.0.1:7233"
+    """Temporal frontend `host:port`."""
     temporal_namespace: str = "default"
+    """Temporal namespace the jobs' workflows live in."""
     temporal_task_queue: str = "promptjobs"
+    """Task queue the API starts workflows on and the workers poll; the same on both."""
     temporal_tls: bool = False
+    """Connect to Temporal over TLS (implied by any other `..._TLS_...` setting or an API key)."""
+    temporal_tls_cert_path: Path | None = None
+    """PEM client certificate for mutual TLS (Temporal Cloud mTLS, or a self-hosted mTLS)."""
+    temporal_tls_key_path: Path | None = None
+    """PEM private key of the client certificate (set both or neither)."""
+    temporal_tls_ca_path: Path | None = None
+    """PEM root CA to verify the server with; default: the system's roots."""
+    temporal_tls_server_name: str | None = None
+    """TLS server name (SNI) to verify, when it differs from the address's host."""
+    temporal_api_key: SecretStr | None = None
+    """Temporal Cloud API key, sent as a bearer token (turns TLS on)."""
     temporal_ui_port: int = 8233
+    """Port of the Temporal Web UI that `promptjobs dev` starts."""
 
     api_host: str = "127.0.0.1"
+    """Address the API listens on (`0.0.0.0` in a container)."""
     api_port: int = 8000
+    """Port the API listens on."""
 
     # Job execution defaults (shared/DESIGN.md).
     max_attempts_default: int = Field(default=3, ge=1, le=10)
+    """Attempts a job gets when its submission does not say."""
     job_ceiling_s: float = Field(default=900.0, gt=0)
+    """Hard ceiling of one job, all attempts and waits included; past it the job is `stuck`."""
     attempt_timeout_s: float = Field(default=300.0, gt=0)
+    """Limit of one adapter call (one attempt); past it the attempt fails with `timeout`."""
     heartbeat_timeout_s: float = Field(default=10.0, gt=0)
+    """A worker silent this long is presumed dead and its attempt runs elsewhere."""
     backoff_initial_s: float = 5.0
+    """First retry delay of exponential backoff (`timeout`, `provider_5xx`, `unknown`)."""
     backoff_coefficient: float = 5.0
+    """Growth factor of exponential backoff between attempts."""
     backoff_max_s: float = 600.0
+    """Longest exponential backoff delay."""
     backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
+    """Relative jitter on backoff delays (0.2 = ±20 %)."""
     rate_limit_default_s: float = 60.0
+    """Delay after a `rate_limit` when the provider sent no `Retry-After`."""
 
     max_prompt_bytes: int = 100_000
-    worker_max_concurrent_activities: int = 1000
+    """Largest prompt the API accepts, in UTF-8 bytes."""
+    worker_max_concurrent_activities: int = Field(default=1000, ge=1)
+    """Activities (adapter calls and projection writes) one worker runs at once."""
+    worker_max_concurrent_workflow_tasks: int = Field(default=100, ge=2)
+    """Workflow tasks one worker runs at once."""
     dispatcher_interval_s: float = 2.0
+    """How often the API's dispatcher scans for jobs whose workflow is not started yet."""
     reconciler_interval_s: float = 30.0
+    """How often the reconciler compares unsettled rows with their workflows."""
     reconciler_grace_s: float = 60.0
+    """How long a row may go unchanged before the reconciler looks at its workflow."""
     sse_poll_interval_s: float = 0.1
+    """SSE streams re-read the event log this often when nothing woke them (SQLite; a safety
+    net on PostgreSQL, where LISTEN/NOTIFY wakes them)."""
     sse_keepalive_s: float = 15.0
-    shutdown_grace_s: float = 30.0
+    """Interval of SSE keep-alive comments on an idle stream."""
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM: how long a worker lets in-flight calls finish (then they are retried
+    elsewhere), and how long the API lets in-flight requests finish."""
 
     # Providers. Credentials are never logged.
     default_provider: str = "fake"
+    """Provider of a job whose options name none."""
     openai_api_key: SecretStr | None = None
+    """API key of the OpenAI-compatible provider."""
     openai_base_url: str | None = None
+    """Base URL of the OpenAI-compatible provider; default: OpenAI's."""
     anthropic_api_key: SecretStr | None = None
+    """API key of the Anthropic provider."""
     anthropic_base_url: str | None = None
+    """Base URL of the Anthropic provider; default: Anthropic's."""
     provider_timeout_s: float = 120.0
+    """Client timeout of one provider request."""
+
+    @model_validator(mode="after")
+    def _client_certificate_comes_with_its_key(self) -> Settings:
+        if (self.temporal_tls_cert_path is None) != (self.temporal_tls_key_path is None):
+            raise ValueError(
+                "PROMPTJOBS_TEMPORAL_TLS_CERT_PATH and PROMPTJOBS_TEMPORAL_TLS_KEY_PATH "
+                "go together: set both or neither"
+            )
+        return self
 
     @property
     def projection_url(self) -> str:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'promptjobs.db').resolve()}"
+
+    @property
+    def temporal_uses_tls(self) -> bool:
+        return bool(
+            self.temporal_tls
+            or self.temporal_tls_cert_path
+            or self.temporal_tls_ca_path
+            or self.temporal_tls_server_name
+            or self.temporal_api_key
+        )
 
     @cached_property
     def backoff(self) -> BackoffPolicy:

@@ -8,7 +8,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,16 +65,32 @@ async def eventually(
 # -- databases ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for this run, dropped at the end."""
+@contextmanager
+def new_pg_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards (its connections with it)."""
     name = f"promptjobs_test_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     base = PG_ADMIN_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this run, dropped at the end."""
+    with new_pg_database() as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_pg_database() -> Iterator[str]:
+    """An empty PostgreSQL database of this test's own (for tests with other processes)."""
+    with new_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -213,7 +229,7 @@ async def running_stack(
 ) -> AsyncIterator[Stack]:
     """API (real HTTP on a free port), dispatcher and, unless told not to, a worker."""
     settings = settings.model_copy(update={"api_port": free_port()})
-    async with open_projection(settings) as projection:
+    async with open_projection(settings, listen=True) as projection:
         stop = asyncio.Event()
         ready = asyncio.Event()
         task = asyncio.create_task(

@@ -62,7 +62,7 @@ async def stream_events(
                 yield ServerSentEvent(data=_json(event.data), event=event.type, id=str(event.id))
             if len(batch) == BATCH:
                 continue
-            if await request.is_disconnected():
+            if services.feed.closed or await request.is_disconnected():
                 return
             try:
                 await asyncio.wait_for(changed.wait(), services.sse_poll_interval_s)

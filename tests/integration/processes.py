@@ -1,0 +1,108 @@
+"""Real `promptjobs` processes for tests: configured by environment, always stopped afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptjobs.settings import Settings
+from tests.conftest import eventually
+
+PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
+
+
+def process_env(settings: Settings, **extra: object) -> dict[str, str]:
+    """The environment of a `promptjobs api|worker` that shares `settings`' Temporal task queue,
+    database and timeouts (the in-process dispatcher must agree on the heartbeat)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")}
+    env.pop("DATABASE_URL", None)
+    env.update(
+        {
+            "PROMPTJOBS_TEMPORAL_ADDRESS": settings.temporal_address,
+            "PROMPTJOBS_TEMPORAL_TASK_QUEUE": settings.temporal_task_queue,
+            "PROMPTJOBS_DATABASE_URL": settings.projection_url,
+            "PROMPTJOBS_DATA_DIR": str(settings.data_dir),
+            "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
+            "PROMPTJOBS_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
+            "PROMPTJOBS_DISPATCHER_INTERVAL_S": str(settings.dispatcher_interval_s),
+        }
+    )
+    env.update({f"PROMPTJOBS_{k.upper()}": str(v) for k, v in extra.items()})
+    return env
+
+
+@dataclass
+class Process:
+    command: str
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        self.popen.send_signal(signal.SIGTERM)
+
+    async def ready(self, timeout: float = 30.0) -> Process:
+        """Wait for the line the launcher logs once it is up (the worker polls, the API
+        listens)."""
+        marker = f"worker {self.pid} polling" if self.command == "worker" else "API on http://"
+
+        async def state() -> str:
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {self.popen.returncode}:\n{self.output()}"
+                )
+            return self.output()
+
+        await eventually(state, lambda out: marker in out, timeout=timeout)
+        return self
+
+    async def exited(self, timeout: float = 30.0) -> int:
+        async def code() -> int | None:
+            return self.popen.poll()
+
+        try:
+            await eventually(code, lambda c: c is not None, timeout=timeout)
+        except AssertionError as err:
+            raise AssertionError(f"{self.name} still running:\n{self.output()}") from err
+        assert self.popen.returncode is not None
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self.popen.wait(timeout=10)
+
+
+@contextmanager
+def promptjobs_process(command: str, env: dict[str, str], workdir: Path) -> Iterator[Process]:
+    """Start `promptjobs <command>`; SIGKILL it on the way out if it is still running."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = f"{command}-{len(list(workdir.glob('*.log')))}"
+    log = workdir / f"{name}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [PROMPTJOBS, command],
+            env=env,
+            cwd=workdir,  # so no .env of the checkout is read
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    process = Process(command, name, popen, log)
+    try:
+        yield process
+    finally:
+        process.kill()

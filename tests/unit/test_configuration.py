@@ -1,0 +1,61 @@
+"""Settings from the environment, and the configuration reference that documents them."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from temporalio.service import TLSConfig
+
+from promptjobs import settings_doc
+from promptjobs.runtime import temporal_tls
+from promptjobs.settings import Settings
+from tests.integration.processes import PROMPTJOBS
+
+
+def test_every_setting_is_documented_in_the_configuration_reference() -> None:
+    doc = settings_doc.DOC.read_text()
+    for name, field in Settings.model_fields.items():
+        assert field.description, f"Settings.{name} needs a docstring"
+        for variable in settings_doc.variables(name, field):
+            assert f"`{variable}`" in doc, f"docs/configuration.md lacks {variable}"
+    assert settings_doc.render(doc) == doc, (
+        "docs/configuration.md is stale: run python -m promptjobs.settings_doc --write"
+    )
+
+
+def test_database_url_is_read_from_either_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db/conventional")
+    assert Settings().projection_url == "postgresql://db/conventional"
+    monkeypatch.setenv("PROMPTJOBS_DATABASE_URL", "postgresql://db/ours")
+    assert Settings().projection_url == "postgresql://db/ours"
+
+
+def test_temporal_tls_from_certificate_paths(tmp_path: Path) -> None:
+    for name in ("ca", "cert", "key"):
+        (tmp_path / f"{name}.pem").write_bytes(f"{name} pem".encode())
+    settings = Settings(
+        temporal_tls_ca_path=tmp_path / "ca.pem",
+        temporal_tls_cert_path=tmp_path / "cert.pem",
+        temporal_tls_key_path=tmp_path / "key.pem",
+        temporal_tls_server_name="temporal.internal",
+    )
+    assert temporal_tls(settings) == TLSConfig(
+        server_root_ca_cert=b"ca pem",
+        domain="temporal.internal",
+        client_cert=b"cert pem",
+        client_private_key=b"key pem",
+    )
+    assert temporal_tls(Settings()) is False
+    assert temporal_tls(Settings(temporal_api_key="secret")) == TLSConfig()
+
+
+def test_a_client_certificate_without_its_key_is_refused_at_start(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PROMPTJOBS_TEMPORAL_TLS_CERT_PATH": str(tmp_path / "c.pem")}
+    result = subprocess.run(
+        [PROMPTJOBS, "worker"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "PROMPTJOBS_TEMPORAL_TLS_KEY_PATH" in result.stderr
+    assert "Traceback" not in result.stderr
