@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -88,6 +89,23 @@ class Accepted:
     prompt: Prompt
     job: Job
     created: bool  # False when an Idempotency-Key replay returned the original
+
+
+@dataclass
+class Page:
+    """One page of `jobs_changed_since`: the jobs, and the cursor to pass next."""
+
+    jobs: list[Job]
+    next_cursor: int
+
+
+# Ids we issue are short and plain; anything else cannot name a row, and asking the database
+# about it (PostgreSQL rejects NUL in text) would only turn a 404 into a 500.
+_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _plausible(ident: str) -> bool:
+    return _ID_SHAPE.fullmatch(ident) is not None
 
 
 def _scoped(stmt: Select[Any], model: Any, scope: Scope) -> Select[Any]:
@@ -186,6 +204,8 @@ class JobStore:
 
     async def retry(self, scope: Scope, job_id: str) -> Job:
         """A user retry: a new queued job for the same prompt that supersedes `job_id`."""
+        if not _plausible(job_id):
+            raise NotFound(job_id)
         now = utcnow()
         async with transaction(self.sessions) as session:
             old = await load_for_update(session, job_id)
@@ -209,6 +229,8 @@ class JobStore:
     async def request_cancel(self, scope: Scope, job_id: str) -> tuple[Job, bool]:
         """Record a cancel request. A job no workflow has been started for is cancelled here and
         now (nothing else could); otherwise the workflow decides, and the flag says so."""
+        if not _plausible(job_id):
+            raise NotFound(job_id)
         now = utcnow()
         async with transaction(self.sessions) as session:
             job = await load_for_update(session, job_id)
@@ -252,6 +274,8 @@ class JobStore:
     # -- reads --------------------------------------------------------------------------
 
     async def job(self, scope: Scope, job_id: str) -> Job:
+        if not _plausible(job_id):
+            raise NotFound(job_id)
         async with self.sessions() as session:
             job = await session.get(Job, job_id)
         if job is None or not _visible(job, scope):
@@ -260,13 +284,20 @@ class JobStore:
 
     async def jobs_changed_since(
         self, scope: Scope, since: int, limit: int, state: JobState | None = None
-    ) -> list[Job]:
-        stmt = _scoped(select(Job), Job, scope).where(Job.last_event_id > since)
-        if state is not None:
-            stmt = stmt.where(Job.state == state)
-        stmt = stmt.order_by(Job.last_event_id).limit(limit)
+    ) -> Page:
+        """The caller's jobs whose last change is after `since`, in change order.
+
+        The log's newest id is read first: event ids commit in order (see
+        `lock_event_log`), so every change up to it is visible to the query that follows. A
+        page shorter than `limit` is therefore complete up to that id and the cursor may move
+        there, even when none of the caller's jobs changed (or none matched `state`)."""
         async with self.sessions() as session:
-            return list((await session.execute(stmt)).scalars())
+            newest = await self._newest_event_id(session)
+            stmt = changed_since_query(scope, since, newest, limit, state)
+            jobs = list((await session.execute(stmt)).scalars())
+        if len(jobs) == limit:
+            return Page(jobs, jobs[-1].last_event_id)
+        return Page(jobs, max(since, newest))
 
     async def events_since(
         self,
@@ -276,12 +307,7 @@ class JobStore:
         job_id: str | None = None,
         prompt_id: str | None = None,
     ) -> list[JobEvent]:
-        stmt = _scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
-        if job_id is not None:
-            stmt = stmt.where(JobEvent.job_id == job_id)
-        if prompt_id is not None:
-            stmt = stmt.where(JobEvent.prompt_id == prompt_id)
-        stmt = stmt.order_by(JobEvent.id).limit(limit)
+        stmt = events_query(scope, since, limit, job_id, prompt_id)
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 
@@ -293,21 +319,31 @@ class JobStore:
 
     async def latest_event_id(self) -> int:
         async with self.sessions() as session:
-            return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
+            return await self._newest_event_id(session)
+
+    @staticmethod
+    async def _newest_event_id(session: AsyncSession) -> int:
+        return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
 
     async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
+        if not _plausible(prompt_id):
+            raise NotFound(prompt_id)
         async with self.sessions() as session:
             prompt = await session.get(Prompt, prompt_id)
             if prompt is None or not _visible(prompt, scope):
                 raise NotFound(prompt_id)
             jobs = (
                 await session.execute(
-                    select(Job).where(Job.prompt_id == prompt_id).order_by(Job.created_at)
+                    select(Job)
+                    .where(Job.prompt_id == prompt_id)
+                    .order_by(Job.created_at, Job.job_id)
                 )
             ).scalars()
             return prompt, list(jobs)
 
     async def response(self, scope: Scope, response_id: str) -> Response:
+        if not _plausible(response_id):
+            raise NotFound(response_id)
         async with self.sessions() as session:
             response = await session.get(Response, response_id)
         if response is None or not _visible(response, scope):
@@ -358,6 +394,34 @@ class JobStore:
                 .limit(limit)
             )
             return list((await session.execute(stmt)).scalars())
+
+
+def changed_since_query(
+    scope: Scope, since: int, upto: int, limit: int, state: JobState | None = None
+) -> Select[Any]:
+    """Served by ix_jobs_org[_author][_state]_last_event: an index range scan, no sort."""
+    stmt = _scoped(select(Job), Job, scope).where(
+        Job.last_event_id > since, Job.last_event_id <= upto
+    )
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    return stmt.order_by(Job.last_event_id).limit(limit)
+
+
+def events_query(
+    scope: Scope,
+    since: int,
+    limit: int,
+    job_id: str | None = None,
+    prompt_id: str | None = None,
+) -> Select[Any]:
+    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index."""
+    stmt = _scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
+    if job_id is not None:
+        stmt = stmt.where(JobEvent.job_id == job_id)
+    if prompt_id is not None:
+        stmt = stmt.where(JobEvent.prompt_id == prompt_id)
+    return stmt.order_by(JobEvent.id).limit(limit)
 
 
 def _visible(row: Job | Prompt | Response, scope: Scope) -> bool:

@@ -47,7 +47,8 @@ class Settings(BaseSettings):
     dispatcher_interval_s: float = 2.0
     reconciler_interval_s: float = 30.0
     reconciler_grace_s: float = 60.0
-    sse_poll_interval_s: float = 0.1
+    # How often one watcher per API process looks for commits made by other processes.
+    sse_poll_interval_s: float = 0.05
     sse_keepalive_s: float = 15.0
     shutdown_grace_s: float = 30.0
 
