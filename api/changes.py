@@ -45,13 +45,12 @@ class ChangeFeed:
             yield
         finally:
             self._streams -= 1
-            if self._streams == 0 and self._watcher is not None:
-                self._watcher.cancel()
-                self._watcher = None
 
     async def _watch(self, newest_id: Callable[[], Awaitable[int]], interval_s: float) -> None:
+        # Not cancelled from outside (a read cut off mid-transaction could keep SQLite locked):
+        # it ends by itself within an interval once the last stream has closed.
         seen: int | None = None
-        while True:
+        while self._streams > 0:
             try:
                 newest = await newest_id()
             except (SQLAlchemyError, OSError) as err:

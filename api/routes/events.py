@@ -77,8 +77,12 @@ async def stream_events(
             yield ServerSentEvent(comment="connected", retry=RECONNECT_MS)
             while True:
                 changed = feed.current()
-                batch = await services.store.events_since(
-                    caller, cursor, BATCH, job_id=job_id, prompt_id=prompt_id
+                # A client leaving cancels this generator; a read cut off inside its
+                # transaction could leave SQLite's lock held, so the read finishes regardless.
+                batch = await asyncio.shield(
+                    services.store.events_since(
+                        caller, cursor, BATCH, job_id=job_id, prompt_id=prompt_id
+                    )
                 )
                 for event in batch:
                     cursor = event.id
