@@ -8,6 +8,7 @@ from fastapi import FastAPI
 
 from api import problems
 from api.deps import Services
+from api.limits import BodyLimit
 from api.openapi import exact_openapi
 from api.routes import events, health, jobs, prompts, responses
 
@@ -24,9 +25,9 @@ def create_app(services: Services) -> FastAPI:
             "follow the job by polling `GET /v1/jobs` or over Server-Sent Events "
             "(`GET /v1/events`). Every error is `application/problem+json` (RFC 9457)."
         ),
-        # JSON escapes can make a prompt's body several times its UTF-8 size.
-        max_body_size=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES,
     )
+    # JSON escapes can make a prompt's body several times its UTF-8 size.
+    app.add_middleware(BodyLimit, max_bytes=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES)
     app.state.services = services
     problems.install(app)
     for module in (prompts, jobs, responses, events, health):

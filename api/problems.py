@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,7 +12,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 
 log = logging.getLogger("promptjobs.api")
 
@@ -136,12 +136,11 @@ HTTP_CODES = {
 }
 
 
-def _http_detail(request: Request, exc: StarletteHTTPException) -> tuple[str, str]:
-    code, detail = HTTP_CODES.get(exc.status_code, ("http_error", str(exc.detail)))
-    limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
-    if exc.status_code == 413 and limit is not None:
-        detail = f"the request body is over {limit} bytes; send a shorter prompt"
-    return code, detail
+def _http_detail(exc: StarletteHTTPException) -> tuple[str, str]:
+    code, default = HTTP_CODES.get(exc.status_code, ("http_error", str(exc.detail)))
+    # Starlette's own details are bare reason phrases; ours say what to do.
+    generic = str(exc.detail) in ("", HTTPStatus(exc.status_code).phrase)
+    return code, default if generic else str(exc.detail)
 
 
 def install(app: FastAPI) -> None:
@@ -165,7 +164,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code, detail = _http_detail(request, exc)
+        code, detail = _http_detail(exc)
         return problem_response(
             Problem(
                 exc.status_code, code, str(exc.detail), detail, headers=dict(exc.headers or {})

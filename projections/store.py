@@ -287,17 +287,18 @@ class JobStore:
     ) -> Page:
         """The caller's jobs whose last change is after `since`, in change order.
 
-        The log's newest id is read first: event ids commit in order (see
-        `lock_event_log`), so every change up to it is visible to the query that follows. A
-        page shorter than `limit` is therefore complete up to that id and the cursor may move
-        there, even when none of the caller's jobs changed (or none matched `state`)."""
+        The log's newest id is read first. Event ids commit in order (see `lock_event_log`),
+        so the query that follows sees every change up to that id; a page shorter than
+        `limit` therefore holds every job changed after `since`, and the cursor may move to
+        that id (or the page's last change, if later) even when no job of the caller's
+        changed or none matched `state`. An empty page means: caught up."""
         async with self.sessions() as session:
             newest = await self._newest_event_id(session)
-            stmt = changed_since_query(scope, since, newest, limit, state)
+            stmt = changed_since_query(scope, since, limit, state)
             jobs = list((await session.execute(stmt)).scalars())
         if len(jobs) == limit:
             return Page(jobs, jobs[-1].last_event_id)
-        return Page(jobs, max(since, newest))
+        return Page(jobs, max(since, newest, *(job.last_event_id for job in jobs)))
 
     async def events_since(
         self,
@@ -397,12 +398,10 @@ class JobStore:
 
 
 def changed_since_query(
-    scope: Scope, since: int, upto: int, limit: int, state: JobState | None = None
+    scope: Scope, since: int, limit: int, state: JobState | None = None
 ) -> Select[Any]:
     """Served by ix_jobs_org[_author][_state]_last_event: an index range scan, no sort."""
-    stmt = _scoped(select(Job), Job, scope).where(
-        Job.last_event_id > since, Job.last_event_id <= upto
-    )
+    stmt = _scoped(select(Job), Job, scope).where(Job.last_event_id > since)
     if state is not None:
         stmt = stmt.where(Job.state == state)
     return stmt.order_by(Job.last_event_id).limit(limit)
