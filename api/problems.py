@@ -129,6 +129,10 @@ def validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
     )
 
 
+# FastAPI's answer when the body cannot even be decoded as text (JSON errors have their own).
+FASTAPI_BODY_UNREADABLE = "There was an error parsing the body"
+NOT_UTF8 = {"type": "json_invalid", "loc": ("body", 0), "ctx": {"error": "not UTF-8 text"}}
+
 HTTP_CODES = {
     404: ("not_found", "no such route; see /docs for the API"),
     405: ("method_not_allowed", "this route does not take that method; see the Allow header"),
@@ -164,6 +168,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == FASTAPI_BODY_UNREADABLE:
+            return problem_response(validation_problem([NOT_UTF8]), request)
         code, detail = _http_detail(exc)
         return problem_response(
             Problem(

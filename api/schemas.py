@@ -8,13 +8,14 @@ from typing import Annotated, Any
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
-    StrictInt,
     StrictStr,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from activities.adapters.fake import FakeBehaviour
 from activities.errors import ErrorKind
@@ -30,11 +31,23 @@ NO_NUL = r"^[^\x00]*$"
 STRICT_BODY = ConfigDict(extra="forbid", strict=True)
 
 
+def _json_integer(value: Any) -> Any:
+    # JSON Schema's integer includes 41.0 but not true or "41"; pydantic's lax int takes all.
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# Bounds go before it in `Annotated`, or pydantic leaves them out of the JSON schema.
+JSON_INTEGER = (Strict(False), BeforeValidator(_json_integer))
+
+
 class FakeOptions(FakeBehaviour):
     """`options.fake`: attempt i fails with `fail[i-1]` while i <= len(fail), then succeeds."""
 
     model_config = STRICT_BODY
 
+    latency_ms: Annotated[int, Field(ge=0, le=3_600_000), *JSON_INTEGER] = 0  # FakeBehaviour's
     fail: list[Annotated[ErrorKind, Strict(False)]] = Field(
         default_factory=list, max_length=20, description="Error kinds of the first attempts"
     )
@@ -47,7 +60,7 @@ class PromptOptions(BaseModel):
 
     provider: str | None = Field(default=None, description="Default: the server's provider")
     model: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
-    max_tokens: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000), *JSON_INTEGER] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     system: str | None = Field(default=None, max_length=100_000, pattern=NO_NUL)
     fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
@@ -61,9 +74,11 @@ class SubmitPrompt(BaseModel):
         pattern=NO_NUL,
         description="The prompt text; at most PROMPTJOBS_MAX_PROMPT_BYTES bytes of UTF-8",
     )
-    priority: StrictInt = Field(default=50, ge=0, le=100, description="0 is most urgent, 100 least")
-    max_attempts: StrictInt | None = Field(
-        default=None, ge=1, le=10, description="Attempts before the job fails; default 3"
+    priority: Annotated[int, Field(ge=0, le=100), *JSON_INTEGER] = Field(
+        default=50, description="0 is most urgent, 100 least"
+    )
+    max_attempts: Annotated[int, Field(ge=1, le=10), *JSON_INTEGER] | None = Field(
+        default=None, description="Attempts before the job fails; default 3"
     )
     scheduled_for: Annotated[AwareDatetime, Strict(False)] | None = Field(
         default=None, description="Start the job at this time (ISO-8601 with offset)"
@@ -77,7 +92,9 @@ class SubmitPrompt(BaseModel):
     def _iso_text(cls, value: Any) -> Any:
         # Lax datetimes would take a number as a Unix time; the wire form is ISO-8601 text.
         if value is not None and not isinstance(value, str):
-            raise ValueError("must be an ISO-8601 date-time string with an offset")
+            raise PydanticCustomError(
+                "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
+            )
         return value
 
     def options_as_sent(self) -> dict[str, Any]:
