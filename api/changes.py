@@ -33,6 +33,10 @@ class ChangeFeed:
     def current(self) -> asyncio.Event:
         return self._event
 
+    @property
+    def watching_now(self) -> bool:
+        return self._watcher is not None and not self._watcher.done()
+
     @asynccontextmanager
     async def watching(
         self, newest_id: Callable[[], Awaitable[int]], interval_s: float
