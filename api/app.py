@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 
 from api import problems
 from api.deps import Services
+from api.limits import BodyLimit
+from api.openapi import exact_openapi
 from api.routes import events, health, jobs, metrics, page, prompts, responses
+
+# Room for the JSON envelope around the largest prompt allowed (options, escapes).
+BODY_OVERHEAD_BYTES = 64 * 1024
 
 
 def create_app(services: Services) -> FastAPI:
@@ -15,11 +22,19 @@ def create_app(services: Services) -> FastAPI:
         version="0.1.0",
         description=(
             "Durable LLM prompt jobs. Submit a prompt, get `202` and a job id at once, then "
-            "follow the job by polling `GET /v1/jobs/{id}` or over Server-Sent Events."
+            "follow the job by polling `GET /v1/jobs` or over Server-Sent Events "
+            "(`GET /v1/events`). Every error is `application/problem+json` (RFC 9457)."
         ),
     )
+    # JSON escapes can make a prompt's body several times its UTF-8 size.
+    app.add_middleware(BodyLimit, max_bytes=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES)
     app.state.services = services
     problems.install(app)
     for module in (prompts, jobs, responses, events, health, metrics, page):
         app.include_router(module.router)
+
+    def openapi() -> dict[str, Any]:
+        return exact_openapi(app, services.jobs.adapters.names())
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app

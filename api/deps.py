@@ -83,3 +83,24 @@ async def get_stream_caller(
 
 Caller = Annotated[Scope, Depends(get_caller)]
 StreamCaller = Annotated[Scope, Depends(get_stream_caller)]
+
+
+async def require_json(request: Request) -> None:
+    """A body that is not declared JSON is a 415, not a confusing field error. An empty body
+    without a type falls through to validation, which says the body is empty."""
+    declared = request.headers.get("content-type")
+    if declared is None and not await request.body():
+        return
+    media = (declared or "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        raise Problem(
+            415,
+            "unsupported_media_type",
+            "Unsupported media type",
+            f"the body is {media or 'untyped'}; send JSON with `Content-Type: application/json`",
+        )
+
+
+JsonBody = Depends(require_json)  # after Caller, so a stranger gets 401 first

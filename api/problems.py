@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,18 +20,21 @@ PROBLEM_JSON = "application/problem+json"
 
 class FieldError(BaseModel):
     field: str = Field(description="Where in the request, e.g. body.priority or query.limit")
-    message: str
+    message: str = Field(description="What is wrong with it and what to send instead")
 
 
 class ProblemDetails(BaseModel):
+    """RFC 9457 problem details, plus `code` and, for invalid requests, `errors` per field."""
+
     type: str = Field(description="A URI naming the kind of problem; stable, machine-readable")
-    title: str
-    status: int
+    title: str = Field(description="A short summary of the kind of problem")
+    status: int = Field(description="The HTTP status code")
     detail: str = Field(description="What went wrong and what to change")
     code: str = Field(description="The problem's short machine-readable name")
+    instance: str | None = Field(default=None, description="The request path")
     errors: list[FieldError] = Field(default_factory=list)
-    job_id: str | None = None
-    state: str | None = None
+    job_id: str | None = Field(default=None, description="The job, when a job is in the way")
+    state: str | None = Field(default=None, description="Its state, when that is the problem")
 
 
 class Problem(Exception):
@@ -64,52 +69,111 @@ def not_found(what: str, ident: str) -> Problem:
     return Problem(404, "not_found", "Not found", f"no {what} {ident!r} in your organisation")
 
 
-def problem_response(problem: Problem) -> JSONResponse:
+def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+    body = problem.body
+    if request is not None and body.instance is None:
+        body = body.model_copy(update={"instance": request.url.path})
     return JSONResponse(
-        problem.body.model_dump(exclude_none=True),
+        body.model_dump(exclude_none=True),
         status_code=problem.status,
         media_type=PROBLEM_JSON,
         headers=problem.headers,
     )
 
 
-def _location(loc: tuple[Any, ...]) -> str:
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: each status it can answer with a problem (and 500)."""
+    return {status: {"model": ProblemDetails} for status in (*statuses, 500)}
+
+
+# Messages clients can act on, where pydantic's own would only describe the failure.
+CURSOR_FIELDS = {"since", "last-event-id"}
+CURSOR_HINT = (
+    "not a cursor: send a `next_cursor` or SSE event id you were given (digits), or 0 to start "
+    "from the beginning"
+)
+
+
+def _location(loc: Sequence[Any]) -> str:
     return ".".join(str(part) for part in loc)
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    loc = tuple(error["loc"])
+    if kind == "json_invalid":
+        reason = error.get("ctx", {}).get("error", "malformed")
+        return f"the request body is not valid JSON ({reason} at character {loc[-1]})"
+    if loc == ("body",) and kind == "missing":
+        return 'the request body is empty: send a JSON object such as {"prompt": "Hello"}'
+    if loc == ("body",):
+        return 'the request body must be a JSON object such as {"prompt": "Hello"}'
+    if kind == "extra_forbidden":
+        return "unknown field: remove it (see the OpenAPI document for the fields allowed)"
+    if kind == "string_pattern_mismatch" and str(loc[-1]).lower() in CURSOR_FIELDS:
+        return CURSOR_HINT
+    if kind == "string_pattern_mismatch" and "\\x00" in str(error.get("ctx", {}).get("pattern")):
+        return "must not contain NUL (\\u0000) characters"
+    return str(error["msg"])
+
+
+def validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
+    fields = [FieldError(field=_location(e["loc"]), message=_message(e)) for e in errors]
+    if any(e["type"] == "json_invalid" for e in errors):
+        return Problem(
+            422, "invalid_json", "Body is not valid JSON", fields[0].message, errors=fields
+        )
+    summary = "; ".join(f"{e.field}: {e.message}" for e in fields[:5])
+    return Problem(
+        422, "validation", "Invalid request", f"fix these fields: {summary}", errors=fields
+    )
+
+
+# FastAPI's answer when the body cannot even be decoded as text (JSON errors have their own).
+FASTAPI_BODY_UNREADABLE = "There was an error parsing the body"
+NOT_UTF8 = {"type": "json_invalid", "loc": ("body", 0), "ctx": {"error": "not UTF-8 text"}}
+
+HTTP_CODES = {
+    404: ("not_found", "no such route; see /docs for the API"),
+    405: ("method_not_allowed", "this route does not take that method; see the Allow header"),
+    413: ("body_too_large", "the request body is larger than this server accepts"),
+}
+
+
+def _http_detail(exc: StarletteHTTPException) -> tuple[str, str]:
+    code, default = HTTP_CODES.get(exc.status_code, ("http_error", str(exc.detail)))
+    # Starlette's own details are bare reason phrases; ours say what to do.
+    generic = str(exc.detail) in ("", HTTPStatus(exc.status_code).phrase)
+    return code, default if generic else str(exc.detail)
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
-    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
         return problem_response(
-            Problem(500, "internal", "Internal error", "the server failed; nothing was lost, retry")
+            Problem(
+                500, "internal", "Internal error", "the server failed; nothing was lost, retry"
+            ),
+            request,
         )
 
     @app.exception_handler(Problem)
-    async def _problem(_request: Request, exc: Problem) -> JSONResponse:
-        return problem_response(exc)
+    async def _problem(request: Request, exc: Problem) -> JSONResponse:
+        return problem_response(exc, request)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            FieldError(field=_location(tuple(e["loc"])), message=e["msg"]) for e in exc.errors()
-        ]
-        summary = "; ".join(f"{e.field}: {e.message}" for e in errors[:5])
-        return problem_response(
-            Problem(
-                422, "validation", "Invalid request", f"fix these fields: {summary}", errors=errors
-            )
-        )
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem_response(validation_problem(exc.errors()), request)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == FASTAPI_BODY_UNREADABLE:
+            return problem_response(validation_problem([NOT_UTF8]), request)
+        code, detail = _http_detail(exc)
         return problem_response(
             Problem(
-                exc.status_code,
-                code,
-                str(exc.detail),
-                str(exc.detail),
-                headers=dict(exc.headers or {}),
-            )
+                exc.status_code, code, str(exc.detail), detail, headers=dict(exc.headers or {})
+            ),
+            request,
         )

@@ -3,32 +3,103 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictStr,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from activities.adapters.fake import FakeBehaviour
+from activities.errors import ErrorKind
 from projections.models import Job, Prompt, Response
 from projections.projector import job_row
 from projections.states import JobState
 
+# PostgreSQL text cannot hold NUL; refuse it at the door instead of failing at the INSERT.
+NO_NUL = r"^[^\x00]*$"
+
+# A request body is JSON, so its types are JSON's: "50" is not a priority, true is not 1.
+# Models are strict; the few fields whose JSON form is a string (enums, datetimes) opt out.
+STRICT_BODY = ConfigDict(extra="forbid", strict=True)
+
+
+def _json_integer(value: Any) -> Any:
+    # JSON Schema's integer includes 41.0 but not true or "41"; pydantic's lax int takes all.
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# Bounds go before it in `Annotated`, or pydantic leaves them out of the JSON schema.
+JSON_INTEGER = (Strict(False), BeforeValidator(_json_integer))
+
+
+class FakeOptions(FakeBehaviour):
+    """`options.fake`: attempt i fails with `fail[i-1]` while i <= len(fail), then succeeds."""
+
+    model_config = STRICT_BODY
+
+    latency_ms: Annotated[int, Field(ge=0, le=3_600_000), *JSON_INTEGER] = 0  # FakeBehaviour's
+    fail: list[Annotated[ErrorKind, Strict(False)]] = Field(
+        default_factory=list, max_length=20, description="Error kinds of the first attempts"
+    )
+
+
+class PromptOptions(BaseModel):
+    """How to run the prompt. `provider` is one of this deployment's providers."""
+
+    model_config = STRICT_BODY
+
+    provider: str | None = Field(default=None, description="Default: the server's provider")
+    model: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000), *JSON_INTEGER] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    system: str | None = Field(default=None, max_length=100_000, pattern=NO_NUL)
+    fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
+
 
 class SubmitPrompt(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_BODY
 
-    prompt: str = Field(min_length=1, description="The prompt text")
-    priority: int = Field(default=50, ge=0, le=100, description="0 is most urgent, 100 least")
-    max_attempts: int | None = Field(
-        default=None, ge=1, le=10, description="Attempts before the job fails; default 3"
+    prompt: StrictStr = Field(
+        min_length=1,
+        pattern=NO_NUL,
+        description="The prompt text; at most PROMPTJOBS_MAX_PROMPT_BYTES bytes of UTF-8",
     )
-    scheduled_for: AwareDatetime | None = Field(
+    priority: Annotated[int, Field(ge=0, le=100), *JSON_INTEGER] = Field(
+        default=50, description="0 is most urgent, 100 least"
+    )
+    max_attempts: Annotated[int, Field(ge=1, le=10), *JSON_INTEGER] | None = Field(
+        default=None, description="Attempts before the job fails; default 3"
+    )
+    scheduled_for: Annotated[AwareDatetime, Strict(False)] | None = Field(
         default=None, description="Start the job at this time (ISO-8601 with offset)"
     )
-    options: dict[str, Any] = Field(
-        default_factory=dict,
-        description="provider, model, max_tokens, temperature, system; `fake` for the fake adapter",
-    )
-    parent_id: str | None = Field(default=None, max_length=40)
-    correlation_id: str | None = Field(default=None, max_length=128)
+    options: PromptOptions = Field(default_factory=PromptOptions)
+    parent_id: str | None = Field(default=None, max_length=40, pattern=NO_NUL)
+    correlation_id: str | None = Field(default=None, max_length=128, pattern=NO_NUL)
+
+    @field_validator("scheduled_for", mode="before")
+    @classmethod
+    def _iso_text(cls, value: Any) -> Any:
+        # Lax datetimes would take a number as a Unix time; the wire form is ISO-8601 text.
+        if value is not None and not isinstance(value, str):
+            raise PydanticCustomError(
+                "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
+            )
+        return value
+
+    def options_as_sent(self) -> dict[str, Any]:
+        """The options exactly as the client gave them (what is stored and fingerprinted)."""
+        return self.options.model_dump(mode="json", exclude_unset=True)
 
 
 class JobOut(BaseModel):
@@ -136,3 +207,12 @@ class ResponseOut(BaseModel):
             attempt=response.attempt,
             created_at=response.created_at,
         )
+
+
+class Health(BaseModel):
+    status: str = Field(description="`ok` while the process serves requests")
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="`ready`, or `not_ready` when a dependency is unreachable")
+    checks: dict[str, str] = Field(description="`database` and `temporal`: `ok` or why not")

@@ -104,6 +104,9 @@ class Job(Base):
         # GET /v1/jobs?since=: the caller's jobs in change order.
         Index("ix_jobs_org_last_event", "org", "last_event_id"),
         Index("ix_jobs_org_author_last_event", "org", "author", "last_event_id"),
+        # ... with ?state=.
+        Index("ix_jobs_org_state_last_event", "org", "state", "last_event_id"),
+        Index("ix_jobs_org_author_state_last_event", "org", "author", "state", "last_event_id"),
         # The dispatcher's scan for committed-but-unstarted jobs and pending cancels.
         Index("ix_jobs_undispatched", "dispatched_at", "state"),
         Index("ix_jobs_prompt", "prompt_id"),
@@ -141,8 +144,11 @@ class JobEvent(Base):
 
     __tablename__ = "job_events"
     __table_args__ = (
+        # GET /v1/events: an admin's stream, a member's, one job's, one prompt's.
         Index("ix_job_events_org_id", "org", "id"),
+        Index("ix_job_events_org_author_id", "org", "author", "id"),
         Index("ix_job_events_job_id", "job_id", "id"),
+        Index("ix_job_events_prompt_id", "prompt_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)

@@ -194,9 +194,9 @@ class Projector:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
         worker_crash before starting this one."""
-        now = utcnow()
         async with transaction(self.sessions) as session:
             job = await load_for_update(session, job_id)
+            now = utcnow()  # under the lock: timestamps follow event order
             if job is None:
                 raise LookupError(f"no job {job_id}")
             events: list[int] = []
@@ -224,9 +224,9 @@ class Projector:
     ) -> Applied:
         """Persist the response and settle the job, only if this attempt is still the job's.
         A response for a cancelled job, or from an attempt presumed dead, is discarded."""
-        now = utcnow()
         async with transaction(self.sessions) as session:
             job = await load_for_update(session, job_id)
+            now = utcnow()  # under the lock: timestamps follow event order
             if job is None:
                 raise LookupError(f"no job {job_id}")
             if job.state is JobState.SUCCEEDED and job.response_id == response_id:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -101,6 +102,23 @@ class Accepted:
     created: bool  # False when an Idempotency-Key replay returned the original
 
 
+@dataclass
+class Page:
+    """One page of `jobs_changed_since`: the jobs, and the cursor to pass next."""
+
+    jobs: list[Job]
+    next_cursor: int
+
+
+# Ids we issue are short and plain; anything else cannot name a row, and asking the database
+# about it (PostgreSQL rejects NUL in text) would only turn a 404 into a 500.
+_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _plausible(ident: str) -> bool:
+    return _ID_SHAPE.fullmatch(ident) is not None
+
+
 def _scoped(stmt: Select[Any], model: Any, scope: Scope) -> Select[Any]:
     if scope.all_orgs:
         return stmt
@@ -124,7 +142,6 @@ class JobStore:
             replay = await self._idempotent_replay(scope, submission.idempotency_key, fingerprint)
             if replay is not None:
                 return replay
-        now = utcnow()
         prompt = Prompt(
             prompt_id=new_prompt_id(),
             org=scope.org,
@@ -135,11 +152,12 @@ class JobStore:
             correlation_id=submission.correlation_id,
             idempotency_key=submission.idempotency_key,
             request_hash=fingerprint,
-            created_at=now,
         )
         try:
             async with transaction(self.sessions) as session:
                 await lock_event_log(session)
+                now = utcnow()  # under the lock: timestamps follow event order
+                prompt.created_at = now
                 session.add(prompt)
                 await session.flush()
                 job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
@@ -199,9 +217,11 @@ class JobStore:
 
     async def retry(self, scope: Scope, job_id: str) -> Job:
         """A user retry: a new queued job for the same prompt that supersedes `job_id`."""
-        now = utcnow()
+        if not _plausible(job_id):
+            raise NotFound(job_id)
         async with transaction(self.sessions) as session:
             old = await load_for_update(session, job_id)
+            now = utcnow()  # under the lock: timestamps follow event order
             if old is None or not _visible(old, scope):
                 raise NotFound(job_id)
             if not old.state.is_retryable_by_user():
@@ -222,9 +242,11 @@ class JobStore:
     async def request_cancel(self, scope: Scope, job_id: str) -> tuple[Job, bool]:
         """Record a cancel request. A job no workflow has been started for is cancelled here and
         now (nothing else could); otherwise the workflow decides, and the flag says so."""
-        now = utcnow()
+        if not _plausible(job_id):
+            raise NotFound(job_id)
         async with transaction(self.sessions) as session:
             job = await load_for_update(session, job_id)
+            now = utcnow()  # under the lock: timestamps follow event order
             if job is None or not _visible(job, scope):
                 raise NotFound(job_id)
             if not job.state.is_cancelable():
@@ -265,6 +287,8 @@ class JobStore:
     # -- reads --------------------------------------------------------------------------
 
     async def job(self, scope: Scope, job_id: str) -> Job:
+        if not _plausible(job_id):
+            raise NotFound(job_id)
         async with self.sessions() as session:
             job = await session.get(Job, job_id)
         if job is None or not _visible(job, scope):
@@ -273,13 +297,21 @@ class JobStore:
 
     async def jobs_changed_since(
         self, scope: Scope, since: int, limit: int, state: JobState | None = None
-    ) -> list[Job]:
-        stmt = _scoped(select(Job), Job, scope).where(Job.last_event_id > since)
-        if state is not None:
-            stmt = stmt.where(Job.state == state)
-        stmt = stmt.order_by(Job.last_event_id).limit(limit)
+    ) -> Page:
+        """The caller's jobs whose last change is after `since`, in change order.
+
+        The log's newest id is read first. Event ids commit in order (see `lock_event_log`),
+        so the query that follows sees every change up to that id; a page shorter than
+        `limit` therefore holds every job changed after `since`, and the cursor may move to
+        that id (or the page's last change, if later) even when no job of the caller's
+        changed or none matched `state`. An empty page means: caught up."""
         async with self.sessions() as session:
-            return list((await session.execute(stmt)).scalars())
+            newest = await self._newest_event_id(session)
+            stmt = changed_since_query(scope, since, limit, state)
+            jobs = list((await session.execute(stmt)).scalars())
+        if len(jobs) == limit:
+            return Page(jobs, jobs[-1].last_event_id)
+        return Page(jobs, max(since, newest, *(job.last_event_id for job in jobs)))
 
     async def events_since(
         self,
@@ -289,12 +321,7 @@ class JobStore:
         job_id: str | None = None,
         prompt_id: str | None = None,
     ) -> list[JobEvent]:
-        stmt = _scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
-        if job_id is not None:
-            stmt = stmt.where(JobEvent.job_id == job_id)
-        if prompt_id is not None:
-            stmt = stmt.where(JobEvent.prompt_id == prompt_id)
-        stmt = stmt.order_by(JobEvent.id).limit(limit)
+        stmt = events_query(scope, since, limit, job_id, prompt_id)
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 
@@ -306,16 +333,24 @@ class JobStore:
 
     async def latest_event_id(self) -> int:
         async with self.sessions() as session:
-            return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
+            return await self._newest_event_id(session)
+
+    @staticmethod
+    async def _newest_event_id(session: AsyncSession) -> int:
+        return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
 
     async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
+        if not _plausible(prompt_id):
+            raise NotFound(prompt_id)
         async with self.sessions() as session:
             prompt = await session.get(Prompt, prompt_id)
             if prompt is None or not _visible(prompt, scope):
                 raise NotFound(prompt_id)
             jobs = (
                 await session.execute(
-                    select(Job).where(Job.prompt_id == prompt_id).order_by(Job.created_at)
+                    select(Job)
+                    .where(Job.prompt_id == prompt_id)
+                    .order_by(Job.created_at, Job.job_id)
                 )
             ).scalars()
             return prompt, list(jobs)
@@ -350,6 +385,8 @@ class JobStore:
         return [(prompt, jobs[prompt.prompt_id]) for prompt in prompts]
 
     async def response(self, scope: Scope, response_id: str) -> Response:
+        if not _plausible(response_id):
+            raise NotFound(response_id)
         async with self.sessions() as session:
             response = await session.get(Response, response_id)
         if response is None or not _visible(response, scope):
@@ -400,6 +437,32 @@ class JobStore:
                 .limit(limit)
             )
             return list((await session.execute(stmt)).scalars())
+
+
+def changed_since_query(
+    scope: Scope, since: int, limit: int, state: JobState | None = None
+) -> Select[Any]:
+    """Served by ix_jobs_org[_author][_state]_last_event: an index range scan, no sort."""
+    stmt = _scoped(select(Job), Job, scope).where(Job.last_event_id > since)
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    return stmt.order_by(Job.last_event_id).limit(limit)
+
+
+def events_query(
+    scope: Scope,
+    since: int,
+    limit: int,
+    job_id: str | None = None,
+    prompt_id: str | None = None,
+) -> Select[Any]:
+    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index."""
+    stmt = _scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
+    if job_id is not None:
+        stmt = stmt.where(JobEvent.job_id == job_id)
+    if prompt_id is not None:
+        stmt = stmt.where(JobEvent.prompt_id == prompt_id)
+    return stmt.order_by(JobEvent.id).limit(limit)
 
 
 def _visible(row: Job | Prompt | Response, scope: Scope) -> bool:

@@ -94,9 +94,10 @@ class Settings(BaseSettings):
     """How often the reconciler compares unsettled rows with their workflows."""
     reconciler_grace_s: float = 60.0
     """How long a row may go unchanged before the reconciler looks at its workflow."""
-    sse_poll_interval_s: float = 0.1
-    """SSE streams re-read the event log this often when nothing woke them (SQLite; a safety
-    net on PostgreSQL, where LISTEN/NOTIFY wakes them)."""
+    sse_poll_interval_s: float = 0.05
+    """One watcher per API process reads the event log's newest id this often while streams
+    are open, to notice commits of other processes (SQLite; a safety net on PostgreSQL,
+    where LISTEN/NOTIFY wakes streams)."""
     sse_keepalive_s: float = 15.0
     """Interval of SSE keep-alive comments on an idle stream."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)

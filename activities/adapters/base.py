@@ -48,6 +48,9 @@ class AdapterRegistry:
         self._adapters = dict(adapters)
         self.default = default
 
+    def names(self) -> list[str]:
+        return sorted(self._adapters)
+
     def provider_of(self, options: Mapping[str, Any]) -> str:
         return str(options.get("provider") or self.default)
 

@@ -2,38 +2,49 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.deps import ServicesDep
+from api.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
+# A dependency that hangs is as unready as one that refuses; answer within a probe's timeout.
+CHECK_TIMEOUT_S = 2.0
 
-@router.get("/healthz")
-async def healthz() -> dict[str, str]:
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
     """The process is up."""
-    return {"status": "ok"}
+    return Health(status="ok")
 
 
-@router.get("/readyz", responses={503: {"description": "A dependency is unreachable"}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "A dependency is unreachable"}},
+)
 async def readyz(services: ServicesDep) -> JSONResponse:
-    """The database and Temporal are reachable."""
-    checks: dict[str, str] = {}
-    try:
+    """The projection database and Temporal are reachable."""
+
+    async def database() -> None:
         async with services.store.sessions() as session:
             await session.execute(text("SELECT 1"))
-        checks["database"] = "ok"
-    except Exception as err:
-        checks["database"] = f"unreachable: {type(err).__name__}"
-    try:
+
+    async def temporal() -> None:
         await services.jobs.dispatcher.client.service_client.check_health()
-        checks["temporal"] = "ok"
-    except Exception as err:
-        checks["temporal"] = f"unreachable: {type(err).__name__}"
+
+    checks: dict[str, str] = {}
+    for name, probe in (("database", database), ("temporal", temporal)):
+        try:
+            await asyncio.wait_for(probe(), CHECK_TIMEOUT_S)
+            checks[name] = "ok"
+        except Exception as err:  # any failure means not ready; the body says which and why
+            checks[name] = f"unreachable: {type(err).__name__}"
     ready = all(value == "ok" for value in checks.values())
-    return JSONResponse(
-        {"status": "ready" if ready else "not_ready", "checks": checks},
-        status_code=200 if ready else 503,
-    )
+    body = Readiness(status="ready" if ready else "not_ready", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

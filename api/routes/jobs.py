@@ -7,37 +7,40 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import Caller, ServicesDep
-from api.problems import Problem, not_found
-from api.routes.prompts import PROBLEMS
+from api.problems import Problem, not_found, problem_responses
 from api.schemas import JobList, JobOut
 from projections.states import JobState
 from projections.store import InvalidState, NotFound
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
+CURSOR_PATTERN = r"^[0-9]{1,18}$"
+
 Cursor = Annotated[
     str,
-    Query(pattern=r"^\d{1,18}$", description="A `next_cursor` or SSE event id; 0 is the start"),
+    Query(
+        pattern=CURSOR_PATTERN,
+        description="A `next_cursor` or SSE event id you were given; 0 is the beginning",
+    ),
 ]
 
 
-@router.get("", response_model=JobList, responses=PROBLEMS)
+@router.get("", response_model=JobList, responses=problem_responses(401, 422))
 async def list_jobs(
     caller: Caller,
     services: ServicesDep,
     since: Cursor = "0",
-    state: JobState | None = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    state: Annotated[JobState | None, Query(description="Only jobs now in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="At most this many jobs")] = 100,
 ) -> JobList:
-    """The caller's jobs changed after `since`, in change order. A job that changes again
-    while you page moves to a later page; none is skipped."""
-    cursor = int(since)
-    jobs = await services.store.jobs_changed_since(caller, cursor, limit, state)
-    next_cursor = jobs[-1].last_event_id if jobs else cursor
-    return JobList(jobs=[JobOut.of(job) for job in jobs], next_cursor=str(next_cursor))
+    """Your jobs changed after `since`, oldest change first, each as it stands now, and the
+    cursor to pass next. A job that changes again while you page moves to a later page; none
+    is skipped. Page until `jobs` is empty to catch up; keep the last `next_cursor`."""
+    page = await services.store.jobs_changed_since(caller, int(since), limit, state)
+    return JobList(jobs=[JobOut.of(job) for job in page.jobs], next_cursor=str(page.next_cursor))
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=PROBLEMS)
+@router.get("/{job_id}", response_model=JobOut, responses=problem_responses(401, 404))
 async def read_job(job_id: str, caller: Caller, services: ServicesDep) -> JobOut:
     try:
         return JobOut.of(await services.store.job(caller, job_id))
@@ -60,7 +63,7 @@ def _conflict(err: InvalidState) -> Problem:
     "/{job_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    responses=PROBLEMS,
+    responses=problem_responses(401, 404, 409),
     summary="Cancel a queued or running job; the job row shows `cancelled` once it has stopped",
 )
 async def cancel_job(job_id: str, caller: Caller, services: ServicesDep) -> JobOut:
@@ -76,7 +79,18 @@ async def cancel_job(job_id: str, caller: Caller, services: ServicesDep) -> JobO
     "/{job_id}/retry",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    responses=PROBLEMS,
+    responses={
+        202: {
+            "headers": {
+                "Location": {
+                    "description": "The new job's URL",
+                    "schema": {"type": "string"},
+                    "required": True,
+                }
+            }
+        },
+        **problem_responses(401, 404, 409),
+    },
     summary="Run a settled job's prompt again as a new job that supersedes it",
 )
 async def retry_job(

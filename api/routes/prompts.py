@@ -8,16 +8,19 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from activities.adapters.base import InvalidOptions
-from api.deps import Caller, ServicesDep
-from api.problems import FieldError, Problem, ProblemDetails, not_found
+from api.deps import Caller, JsonBody, ServicesDep
+from api.problems import FieldError, Problem, not_found, problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.store import IdempotencyConflict, NotFound, Submission
 
 router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
 
-PROBLEMS: dict[int | str, dict[str, object]] = {
-    code: {"model": ProblemDetails, "content": {"application/problem+json": {}}}
-    for code in (401, 404, 409, 413, 422)
+ACCEPTED_HEADERS = {
+    "Location": {"description": "The job's URL", "schema": {"type": "string"}, "required": True},
+    "Idempotent-Replayed": {
+        "description": "`true` when an Idempotency-Key replay returned the original job",
+        "schema": {"type": "string", "enum": ["true"]},
+    },
 }
 
 
@@ -25,15 +28,28 @@ PROBLEMS: dict[int | str, dict[str, object]] = {
     "",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=Accepted,
-    responses=PROBLEMS,
+    responses={
+        202: {"headers": ACCEPTED_HEADERS},
+        **problem_responses(401, 413, 415, 422),
+    },
     summary="Submit a prompt; answers at once with the queued job",
 )
 async def submit_prompt(
     body: SubmitPrompt,
     caller: Caller,
+    _json: Annotated[None, JsonBody],
     services: ServicesDep,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            min_length=1,
+            max_length=255,
+            description="Repeat a submission safely: the same key and body from the same user "
+            "return the original job (202, `Idempotent-Replayed: true`); the same key with a "
+            "different body is a 422",
+        ),
+    ] = None,
 ) -> Accepted:
     size = len(body.prompt.encode())
     if size > services.max_prompt_bytes:
@@ -41,10 +57,12 @@ async def submit_prompt(
             413,
             "prompt_too_large",
             "Prompt too large",
-            f"the prompt is {size} bytes; the limit is {services.max_prompt_bytes}",
+            f"the prompt is {size} bytes of UTF-8; the limit is {services.max_prompt_bytes}: "
+            "send a shorter prompt",
         )
+    options = body.options_as_sent()
     try:
-        services.jobs.validate_options(body.options)
+        services.jobs.validate_options(options)
     except InvalidOptions as err:
         raise Problem(
             422,
@@ -57,7 +75,7 @@ async def submit_prompt(
         text=body.prompt,
         priority=body.priority,
         max_attempts=body.max_attempts or services.jobs.max_attempts_default,
-        options=body.options,
+        options=options,
         scheduled_for=body.scheduled_for,
         idempotency_key=idempotency_key,
         parent_id=body.parent_id,
@@ -74,12 +92,14 @@ async def submit_prompt(
             "use a new key for a new request",
         ) from err
     response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
+    if not accepted.created:
+        response.headers["Idempotent-Replayed"] = "true"
     return Accepted(
         prompt_id=accepted.prompt.prompt_id, job_id=accepted.job.job_id, state=accepted.job.state
     )
 
 
-@router.get("", response_model=PromptList, responses=PROBLEMS)
+@router.get("", response_model=PromptList, responses=problem_responses(401, 404, 422))
 async def list_prompts(
     caller: Caller,
     services: ServicesDep,
@@ -106,8 +126,9 @@ async def list_prompts(
     )
 
 
-@router.get("/{prompt_id}", response_model=PromptOut, responses=PROBLEMS)
+@router.get("/{prompt_id}", response_model=PromptOut, responses=problem_responses(401, 404))
 async def read_prompt(prompt_id: str, caller: Caller, services: ServicesDep) -> PromptOut:
+    """The prompt and every job it has had (retries included), oldest first."""
     try:
         prompt, jobs = await services.store.prompt(caller, prompt_id)
     except NotFound as err:

@@ -5,15 +5,14 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import Caller, ServicesDep
-from api.problems import not_found
-from api.routes.prompts import PROBLEMS
+from api.problems import not_found, problem_responses
 from api.schemas import ResponseOut
 from projections.store import NotFound
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 
 
-@router.get("/{response_id}", response_model=ResponseOut, responses=PROBLEMS)
+@router.get("/{response_id}", response_model=ResponseOut, responses=problem_responses(401, 404))
 async def read_response(response_id: str, caller: Caller, services: ServicesDep) -> ResponseOut:
     try:
         return ResponseOut.of(await services.store.response(caller, response_id))

@@ -1,0 +1,49 @@
+"""The request body limit: an oversized body is refused with a 413 problem before it is read."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.problems import Problem, problem_response
+
+
+def too_large_detail(max_bytes: int) -> str:
+    return f"the request body is over {max_bytes} bytes; send a shorter prompt"
+
+
+class BodyLimit:
+    """A declared Content-Length over the limit is answered at once; a streamed body is cut
+    off as soon as it passes the limit (and the handler renders that as the same problem)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            problem = Problem(413, "body_too_large", "Content too large", self._detail)
+            problem.body.instance = scope["path"]
+            await problem_response(problem)(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_within_limit() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, detail=self._detail)
+            return message
+
+        await self.app(scope, receive_within_limit, send)
+
+    @property
+    def _detail(self) -> str:
+        return too_large_detail(self.max_bytes)

@@ -1,0 +1,127 @@
+"""API keys as a user makes them: `promptjobs keys create` and `promptjobs dev`, run as real
+processes, then used over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+
+from projections.models import ApiKey
+from tests.conftest import Stack, eventually, free_port
+
+PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
+
+
+def promptjobs(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PROMPTJOBS_DATABASE_URL": database_url}
+    return subprocess.run(
+        [PROMPTJOBS, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+async def test_keys_create_prints_a_key_once_stores_its_hash_and_the_key_works(
+    stack: Stack,
+) -> None:
+    url = stack.settings.projection_url
+    created = await asyncio.to_thread(
+        promptjobs,
+        *("keys", "create", "--org", "initech", "--user", "peter", "--role", "admin", "--json"),
+        database_url=url,
+    )
+    assert created.returncode == 0, created.stderr
+    issued = json.loads(created.stdout)
+    assert issued["org"] == "initech" and issued["role"] == "admin"
+    secret = issued["key"]
+
+    async with stack.projection.sessions() as session:
+        row = (
+            await session.execute(select(ApiKey).where(ApiKey.key_id == issued["key_id"]))
+        ).scalar_one()
+    assert row.key_hash == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in {row.key_hash, row.key_id, row.org, row.user}
+
+    async with stack.as_user(secret) as peter:
+        accepted = await peter.post("/v1/prompts", json={"prompt": "TPS report"})
+        assert accepted.status_code == 202, accepted.text
+        mine = (await peter.get("/v1/jobs", params={"since": "0"})).json()["jobs"]
+    assert [job["job_id"] for job in mine] == [accepted.json()["job_id"]]
+    # ...and it is initech's job: acme cannot see it.
+    assert (await stack.http.get(f"/v1/jobs/{accepted.json()['job_id']}")).status_code == 404
+
+
+async def test_keys_create_human_output_and_a_bad_role(stack: Stack) -> None:
+    url = stack.settings.projection_url
+    plain = await asyncio.to_thread(
+        promptjobs, "keys", "create", "--org", "acme", "--user", "dave", database_url=url
+    )
+    assert plain.returncode == 0, plain.stderr
+    key, note = plain.stdout.splitlines()
+    assert re.fullmatch(r"pj_[0-9a-f]{12}_[A-Za-z0-9_-]+", key)
+    assert "role member" in note and "shown once" in note
+    async with stack.as_user(key) as dave:
+        assert (await dave.get("/v1/jobs")).status_code == 200
+
+    bad = await asyncio.to_thread(
+        promptjobs, "keys", "create", "--org", "acme", "--user", "x", "--role", "root",
+        database_url=url,
+    )  # fmt: skip
+    assert bad.returncode == 1
+    assert "--role must be one of member, admin" in bad.stderr
+
+
+async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path) -> None:
+    api_port, temporal_port = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        PROMPTJOBS,
+        *("dev", "--no-ui", "--api-port", str(api_port), "--temporal-port", str(temporal_port)),
+        *("--data-dir", str(tmp_path / "data")),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        printed: list[str] = []
+        async with asyncio.timeout(60):
+            while not any("API key" in line for line in printed):
+                line = (await process.stdout.readline()).decode()
+                assert line, f"dev exited early: {''.join(printed)}"
+                printed.append(line)
+        key = next(line for line in printed if "API key" in line).split()[-1]
+        assert (tmp_path / "data" / "dev-api-key").read_text().strip() == key
+
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{api_port}",
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        ) as curl:
+            accepted = await curl.post("/v1/prompts", json={"prompt": "Hello"})
+            assert accepted.status_code == 202, accepted.text
+
+            async def job() -> dict[str, Any]:
+                row: dict[str, Any] = (await curl.get(accepted.headers["location"])).json()
+                return row
+
+            done = await eventually(job, lambda row: row["state"] == "succeeded", timeout=30)
+        assert done["response_id"]
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                async with asyncio.timeout(30):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+    assert process.returncode == 0

@@ -1,0 +1,125 @@
+"""Unit tests of the API's wire rules: request models, problem messages, the OpenAPI document,
+the change feed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from pydantic import ValidationError
+
+from activities.adapters.base import AdapterRegistry
+from activities.adapters.fake import FakeAdapter
+from api.changes import ChangeFeed
+from api.openapi import exact_openapi
+from api.problems import CURSOR_HINT, PROBLEM_JSON, validation_problem
+from api.routes import events, health, jobs, prompts, responses
+from api.schemas import SubmitPrompt
+from tests.conftest import eventually
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "x", "priority": 41.0},
+        {"prompt": "x", "max_attempts": 10, "options": {"fake": {"latency_ms": 0}}},
+        {"prompt": "x", "scheduled_for": "2030-01-01T00:00:00+02:00"},
+        {"prompt": "x", "options": {"temperature": 1, "fake": {"fail": ["rate_limit"]}}},
+    ],
+)
+def test_json_typed_bodies_are_accepted(body: dict[str, Any]) -> None:
+    SubmitPrompt.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        ({"prompt": "x", "priority": "41"}, "int_type"),
+        ({"prompt": "x", "priority": True}, "int_type"),
+        ({"prompt": "x", "priority": 4.5}, "int_from_float"),
+        ({"prompt": 7}, "string_type"),
+        ({"prompt": "x", "scheduled_for": 1_900_000_000}, "datetime_type"),
+        ({"prompt": "x", "options": {"fake": {"latency_ms": "5"}}}, "int_type"),
+        ({"prompt": "x", "options": {"seed": 1}}, "extra_forbidden"),
+    ],
+)
+def test_coercions_json_does_not_make_are_refused(body: dict[str, Any], kind: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        SubmitPrompt.model_validate(body)
+    assert raised.value.errors()[0]["type"] == kind
+
+
+def test_options_are_kept_as_sent() -> None:
+    body = SubmitPrompt.model_validate({"prompt": "x", "options": {"fake": {"fail": ["parse"]}}})
+    assert body.options_as_sent() == {"fake": {"fail": ["parse"]}}
+
+
+def test_problem_messages_say_what_to_fix() -> None:
+    malformed = validation_problem(
+        [{"type": "json_invalid", "loc": ("body", 14), "msg": "JSON decode error",
+          "ctx": {"error": "Expecting value"}}]
+    )  # fmt: skip
+    assert malformed.body.code == "invalid_json"
+    assert malformed.body.detail == (
+        "the request body is not valid JSON (Expecting value at character 14)"
+    )
+
+    empty = validation_problem([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
+    assert "the request body is empty" in empty.body.detail
+
+    extra = validation_problem(
+        [{"type": "extra_forbidden", "loc": ("body", "colour"), "msg": "Extra inputs"}]
+    )
+    assert extra.body.errors[0].field == "body.colour"
+    assert "unknown field: remove it" in extra.body.detail
+
+    cursor = validation_problem(
+        [{"type": "string_pattern_mismatch", "loc": ("header", "Last-Event-ID"), "msg": "x",
+          "ctx": {"pattern": "^[0-9]{1,18}$"}}]
+    )  # fmt: skip
+    assert cursor.body.errors[0].message == CURSOR_HINT
+
+
+def test_the_openapi_document_types_every_error_as_problem_json() -> None:
+    app = FastAPI()
+    for module in (prompts, jobs, responses, events, health):
+        app.include_router(module.router)
+    registry = AdapterRegistry({"fake": FakeAdapter()}, default="fake")
+
+    document = exact_openapi(app, registry.names())
+
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")) and path != "/readyz":
+                    assert list(response["content"]) == [PROBLEM_JSON], (method, path, status)
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    provider = document["components"]["schemas"]["PromptOptions"]["properties"]["provider"]
+    assert provider["anyOf"][0]["enum"] == ["fake"]
+
+
+async def test_change_feed_wakes_streams_on_commits_it_did_not_see() -> None:
+    feed = ChangeFeed()
+    newest = 0
+    reads = 0
+
+    async def newest_id() -> int:
+        nonlocal reads
+        reads += 1
+        return newest
+
+    async def reads_so_far() -> int:
+        return reads
+
+    async def watching() -> bool:
+        return feed.watching_now
+
+    async with feed.watching(newest_id, 0.01):
+        waiting = feed.current()
+        await eventually(reads_so_far, lambda n: n >= 2)  # the watcher has its baseline
+        newest = 5  # another process commits
+        await asyncio.wait_for(waiting.wait(), 5)
+    # With no stream left, the watcher stops by itself.
+    await eventually(watching, lambda active: not active)
