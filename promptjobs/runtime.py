@@ -19,8 +19,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.adapters.anthropic_messages import AnthropicMessagesAdapter
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
+from activities.adapters.openai_compat import OpenAICompatAdapter
 from activities.job_activities import JobActivities
 from api.app import create_app
 from api.changes import ChangeFeed
@@ -63,8 +65,27 @@ async def open_projection(
 
 
 def build_adapters(settings: Settings) -> AdapterRegistry:
-    adapters: dict[str, Adapter] = {"fake": FakeAdapter()}
-    return AdapterRegistry(adapters, default=settings.default_provider)
+    """Every provider, with or without its credential: a job naming one that has none is
+    refused at submission with the variable to set."""
+    adapters: list[Adapter] = [
+        FakeAdapter(),
+        OpenAICompatAdapter(
+            api_key=settings.openai_api_key,
+            base_url=settings.openai_base_url,
+            timeout_s=settings.provider_timeout_s,
+            model=settings.openai_model,
+            max_tokens=settings.openai_max_tokens,
+            max_tokens_field=settings.openai_max_tokens_field,
+        ),
+        AnthropicMessagesAdapter(
+            api_key=settings.anthropic_api_key,
+            base_url=settings.anthropic_base_url,
+            timeout_s=settings.provider_timeout_s,
+            model=settings.anthropic_model,
+            max_tokens=settings.anthropic_max_tokens,
+        ),
+    ]
+    return AdapterRegistry({a.name: a for a in adapters}, default=settings.default_provider)
 
 
 async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:

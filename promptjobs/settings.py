@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -51,13 +52,22 @@ class Settings(BaseSettings):
     sse_keepalive_s: float = 15.0
     shutdown_grace_s: float = 30.0
 
-    # Providers. Credentials are never logged.
-    default_provider: str = "fake"
+    # Providers (docs/providers.md). Credentials are never logged.
+    default_provider: Literal["fake", "openai", "anthropic"] = "fake"
     openai_api_key: SecretStr | None = None
     openai_base_url: str | None = None
+    openai_model: str = "gpt-5.4-mini"
+    openai_max_tokens: int | None = Field(default=None, ge=1)
+    # OpenAI's own API wants max_completion_tokens; some compatible servers only max_tokens.
+    openai_max_tokens_field: Literal["max_completion_tokens", "max_tokens"] = (
+        "max_completion_tokens"
+    )
     anthropic_api_key: SecretStr | None = None
     anthropic_base_url: str | None = None
-    provider_timeout_s: float = 120.0
+    anthropic_model: str = "claude-haiku-4-5"
+    anthropic_max_tokens: int = Field(default=1024, ge=1)
+    # One provider call's limit; keep it under attempt_timeout_s so it reads as `timeout`.
+    provider_timeout_s: float = Field(default=120.0, gt=0)
 
     @property
     def projection_url(self) -> str:

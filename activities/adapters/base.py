@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,17 @@ class AdapterResult:
 
 class InvalidOptions(ValueError):
     """A job's options cannot run: an unknown provider, a bad field, a missing credential."""
+
+
+def parse_options(shape: type[M], value: object, where: str) -> M:
+    """Validate `value` as `shape`; InvalidOptions names every bad field (`where.field: why`)."""
+    try:
+        return shape.model_validate(value)
+    except ValidationError as err:
+        problems = "; ".join(
+            ".".join([where, *(str(p) for p in e["loc"])]) + f": {e['msg']}" for e in err.errors()
+        )
+        raise InvalidOptions(problems) from err
 
 
 class Adapter(Protocol):

@@ -7,9 +7,9 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from activities.adapters.base import AdapterRequest, AdapterResult, InvalidOptions
+from activities.adapters.base import AdapterRequest, AdapterResult, parse_options
 from activities.errors import AdapterError, ErrorKind
 
 
@@ -36,14 +36,7 @@ class FakeAdapter:
 
     @staticmethod
     def _behaviour(options: Mapping[str, Any]) -> FakeBehaviour:
-        try:
-            return FakeBehaviour.model_validate(options.get("fake") or {})
-        except ValidationError as err:
-            problems = "; ".join(
-                f"options.fake.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                for e in err.errors()
-            )
-            raise InvalidOptions(problems) from err
+        return parse_options(FakeBehaviour, options.get("fake") or {}, "options.fake")
 
     async def complete(self, request: AdapterRequest) -> AdapterResult:
         behaviour = self._behaviour(request.options)
