@@ -16,11 +16,12 @@ import re
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
-from contextlib import suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -124,6 +125,14 @@ class MockProvider:
         return attempt, Plan(step, script)
 
 
+class QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handling: the caller owns SIGINT/SIGTERM."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def run_mock_provider(
     host: str,
     port: int,
@@ -132,9 +141,16 @@ async def run_mock_provider(
     on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Serve the mock provider until `stop`."""
-    from promptjobs.runtime import api_server
-
-    server = api_server(create_mock_app(), host, port)
+    config = uvicorn.Config(
+        create_mock_app(),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=1,
+    )
+    server = QuietServer(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

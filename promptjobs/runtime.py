@@ -19,10 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.adapters.anthropic_messages import AnthropicMessagesAdapter
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
-from activities.adapters.openai_compat import OpenAICompatAdapter
 from activities.job_activities import JobActivities
 from api.app import create_app
 from api.changes import ChangeFeed
@@ -67,6 +65,11 @@ async def open_projection(
 def build_adapters(settings: Settings) -> AdapterRegistry:
     """Every provider, with or without its credential: a job naming one that has none is
     refused at submission with the variable to set."""
+    # Imported here: the SDKs take seconds to import, and only the processes that run or
+    # accept jobs need them, not every CLI command.
+    from activities.adapters.anthropic_messages import AnthropicMessagesAdapter
+    from activities.adapters.openai_compat import OpenAICompatAdapter
+
     adapters: list[Adapter] = [
         FakeAdapter(),
         OpenAICompatAdapter(
