@@ -4,28 +4,23 @@ classified."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from functools import cached_property
-from typing import Any
 
 import anthropic
 from anthropic.types import MessageParam
 from pydantic import BaseModel, SecretStr, field_validator
 
-from activities.adapters.base import AdapterRequest, AdapterResult, InvalidOptions, parse_options
+from activities.adapters.base import AdapterRequest, AdapterResult
 from activities.adapters.chat import (
+    ChatAdapter,
     ChatOptions,
     chat_result,
     deadline,
-    missing_credential,
     read_answer,
     status_failure,
     transport_failure,
 )
 from activities.errors import AdapterError, ErrorKind
-
-ANTHROPIC_BASE_URL = "https://api.anthropic.com"
-CREDENTIAL = "PROMPTJOBS_ANTHROPIC_API_KEY"
 
 # The SDK's failures that carry no HTTP status, most specific first (a timeout is also a
 # connection error).
@@ -80,8 +75,11 @@ class MessageAnswer(BaseModel):
     usage: _Usage | None = None
 
 
-class AnthropicMessagesAdapter:
+class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
     name = "anthropic"
+    credential = "PROMPTJOBS_ANTHROPIC_API_KEY"
+    default_base_url = "https://api.anthropic.com"
+    options_shape = AnthropicOptions
 
     def __init__(
         self,
@@ -92,37 +90,22 @@ class AnthropicMessagesAdapter:
         model: str,
         max_tokens: int,
     ) -> None:
-        self.api_key = api_key
-        self.base_url = base_url or ANTHROPIC_BASE_URL
-        self.timeout_s = timeout_s
-        self.model = model
+        super().__init__(api_key=api_key, base_url=base_url, timeout_s=timeout_s, model=model)
         self.max_tokens = max_tokens
-
-    def validate(self, options: Mapping[str, Any]) -> None:
-        self._options(options)
-        if self.api_key is None:
-            raise InvalidOptions(missing_credential(self.name, CREDENTIAL))
-
-    @staticmethod
-    def _options(options: Mapping[str, Any]) -> AnthropicOptions:
-        return parse_options(AnthropicOptions, dict(options), "options")
 
     @cached_property
     def client(self) -> anthropic.AsyncAnthropic:
-        assert self.api_key is not None
         # An explicit key and base URL, so the SDK consults no ANTHROPIC_* variable or profile
         # behind Settings' back; no SDK retries, since Temporal runs the attempts.
         return anthropic.AsyncAnthropic(
-            api_key=self.api_key.get_secret_value(),
+            api_key=self.secret(),
             base_url=self.base_url,
             timeout=self.timeout_s,
             max_retries=0,
         )
 
     async def complete(self, request: AdapterRequest) -> AdapterResult:
-        options = self._options(request.options)
-        if self.api_key is None:
-            raise AdapterError(ErrorKind.AUTH, missing_credential(self.name, CREDENTIAL))
+        options = self.options(request.options)
         messages: list[MessageParam] = [{"role": "user", "content": request.prompt}]
         client = self.client
         started = time.monotonic()

@@ -42,7 +42,9 @@ def parse_options(shape: type[M], value: object, where: str) -> M:
         return shape.model_validate(value)
     except ValidationError as err:
         problems = "; ".join(
-            ".".join([where, *(str(p) for p in e["loc"])]) + f": {e['msg']}" for e in err.errors()
+            ".".join([where, *(str(p) for p in e["loc"])])
+            + f": {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
         )
         raise InvalidOptions(problems) from err
 

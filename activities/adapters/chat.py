@@ -9,11 +9,11 @@ import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
-from activities.adapters.base import AdapterResult
+from activities.adapters.base import AdapterResult, InvalidOptions, parse_options
 from activities.errors import AdapterError, ErrorKind
 
 A = TypeVar("A", bound=BaseModel)
@@ -33,6 +33,48 @@ class ChatOptions(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0, le=2)
     system: str | None = Field(default=None, max_length=100_000)
+
+
+OptionsT = TypeVar("OptionsT", bound=ChatOptions)
+
+
+class ChatAdapter(Generic[OptionsT]):
+    """What the chat adapters share: where the provider is, the default model, the strict
+    reading of a job's options, and the credential, checked at submission and at call."""
+
+    name: str
+    # The variable that sets the API key, named in the refusal when it is missing.
+    credential: str
+    default_base_url: str
+    options_shape: type[OptionsT]
+
+    def __init__(
+        self, *, api_key: SecretStr | None, base_url: str | None, timeout_s: float, model: str
+    ) -> None:
+        self.api_key = api_key
+        self.base_url = base_url or self.default_base_url
+        self.timeout_s = timeout_s
+        self.model = model
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        self.options(options)
+        if self.api_key is None:
+            raise InvalidOptions(self._missing_credential())
+
+    def options(self, options: Mapping[str, Any]) -> OptionsT:
+        return parse_options(self.options_shape, dict(options), "options")
+
+    def secret(self) -> str:
+        """The API key for a call. Without one the call is `auth`, which is not retried."""
+        if self.api_key is None:
+            raise AdapterError(ErrorKind.AUTH, self._missing_credential())
+        return self.api_key.get_secret_value()
+
+    def _missing_credential(self) -> str:
+        return (
+            f"provider {self.name!r} has no API key: set {self.credential} "
+            "(any value for a server that checks none)"
+        )
 
 
 def status_kind(status: int) -> ErrorKind:
@@ -103,13 +145,6 @@ def transport_failure(
     else:
         why = f"{err} ({type(cause).__name__}{f': {cause}' if str(cause) else ''})"
     return AdapterError(kind, f"{provider}: {why}")
-
-
-def missing_credential(provider: str, variable: str) -> str:
-    return (
-        f"provider {provider!r} has no API key: set {variable} "
-        "(any value for a server that checks none)"
-    )
 
 
 @asynccontextmanager

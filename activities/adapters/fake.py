@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from activities.adapters.base import AdapterRequest, AdapterResult, parse_options
+from activities.adapters.chat import ChatOptions
 from activities.errors import AdapterError, ErrorKind
 
 
@@ -21,6 +22,12 @@ class FakeBehaviour(BaseModel):
     latency_ms: int = Field(default=0, ge=0, le=3_600_000)
     fail: list[ErrorKind] = Field(default_factory=list, max_length=20)
     retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
+
+
+class FakeOptions(ChatOptions):
+    """The options a real provider takes, so a job can switch providers, plus `fake`."""
+
+    fake: FakeBehaviour | None = None
 
 
 def fake_output(prompt: str) -> str:
@@ -36,7 +43,7 @@ class FakeAdapter:
 
     @staticmethod
     def _behaviour(options: Mapping[str, Any]) -> FakeBehaviour:
-        return parse_options(FakeBehaviour, options.get("fake") or {}, "options.fake")
+        return parse_options(FakeOptions, dict(options), "options").fake or FakeBehaviour()
 
     async def complete(self, request: AdapterRequest) -> AdapterResult:
         behaviour = self._behaviour(request.options)

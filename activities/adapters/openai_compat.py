@@ -4,28 +4,24 @@ Ollama, LiteLLM, OpenRouter…) through the official SDK, with its failures clas
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from functools import cached_property
-from typing import Any, Literal
+from typing import Literal
 
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field, SecretStr
 
-from activities.adapters.base import AdapterRequest, AdapterResult, InvalidOptions, parse_options
+from activities.adapters.base import AdapterRequest, AdapterResult
 from activities.adapters.chat import (
+    ChatAdapter,
     ChatOptions,
     chat_result,
     deadline,
-    missing_credential,
     read_answer,
     status_failure,
     transport_failure,
 )
 from activities.errors import AdapterError, ErrorKind
-
-OPENAI_BASE_URL = "https://api.openai.com/v1"
-CREDENTIAL = "PROMPTJOBS_OPENAI_API_KEY"
 
 # The SDK's failures that carry no HTTP status, most specific first (a timeout is also a
 # connection error).
@@ -76,8 +72,11 @@ class ChatCompletionAnswer(BaseModel):
     usage: _Usage | None = None
 
 
-class OpenAICompatAdapter:
+class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
     name = "openai"
+    credential = "PROMPTJOBS_OPENAI_API_KEY"
+    default_base_url = "https://api.openai.com/v1"
+    options_shape = ChatOptions
 
     def __init__(
         self,
@@ -89,38 +88,23 @@ class OpenAICompatAdapter:
         max_tokens: int | None,
         max_tokens_field: Literal["max_completion_tokens", "max_tokens"],
     ) -> None:
-        self.api_key = api_key
-        self.base_url = base_url or OPENAI_BASE_URL
-        self.timeout_s = timeout_s
-        self.model = model
+        super().__init__(api_key=api_key, base_url=base_url, timeout_s=timeout_s, model=model)
         self.max_tokens = max_tokens
         self.max_tokens_field = max_tokens_field
 
-    def validate(self, options: Mapping[str, Any]) -> None:
-        self._options(options)
-        if self.api_key is None:
-            raise InvalidOptions(missing_credential(self.name, CREDENTIAL))
-
-    @staticmethod
-    def _options(options: Mapping[str, Any]) -> ChatOptions:
-        return parse_options(ChatOptions, dict(options), "options")
-
     @cached_property
     def client(self) -> openai.AsyncOpenAI:
-        assert self.api_key is not None
         # Everything explicit, so the SDK reads no OPENAI_* variable behind Settings' back;
         # no SDK retries, since Temporal runs the attempts.
         return openai.AsyncOpenAI(
-            api_key=self.api_key.get_secret_value(),
+            api_key=self.secret(),
             base_url=self.base_url,
             timeout=self.timeout_s,
             max_retries=0,
         )
 
     async def complete(self, request: AdapterRequest) -> AdapterResult:
-        options = self._options(request.options)
-        if self.api_key is None:
-            raise AdapterError(ErrorKind.AUTH, missing_credential(self.name, CREDENTIAL))
+        options = self.options(request.options)
         messages: list[ChatCompletionMessageParam] = []
         if options.system:
             messages.append({"role": "system", "content": options.system})

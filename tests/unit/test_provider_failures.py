@@ -146,6 +146,8 @@ def _registry(**values: Any) -> Any:
         ({"provider": "openai", "model": ""}, "options.model: String should have at least"),
         ({"provider": "openai", "fake": {}}, "options.fake: Extra inputs"),
         ({"provider": "anthropic", "temperature": 0.5}, "takes no temperature"),
+        ({"fake": {"fail": ["boom"]}}, "options.fake.fail.0: Input should be"),
+        ({"provider": "fake", "temprature": 0.2}, "options.temprature: Extra inputs"),
     ],
 )
 def test_invalid_provider_options_are_refused(options: dict[str, Any], message: str) -> None:
@@ -171,4 +173,4 @@ def test_full_provider_options_are_accepted() -> None:
         {"provider": "openai", "model": "m", "max_tokens": 5, "temperature": 0.2, "system": "s"}
     )
     registry.validate({"provider": "anthropic", "model": "m", "max_tokens": 5, "system": "s"})
-    registry.validate({"fake": {"latency_ms": 1}})
+    registry.validate({"fake": {"latency_ms": 1}, "model": "m", "temperature": 0.2})
