@@ -104,7 +104,8 @@ class MockProvider:
     def __init__(self) -> None:
         self.seen: Counter[str] = Counter()
         self.queue: deque[Plan] = deque()
-        self.log: list[dict[str, Any]] = []
+        # Bounded, so a long-running mock does not grow without end.
+        self.log: deque[dict[str, Any]] = deque(maxlen=10_000)
 
     def reset(self) -> None:
         self.seen.clear()
@@ -211,7 +212,7 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
 
     @app.get("/mock/requests", tags=["admin"])
     async def requests() -> dict[str, list[dict[str, Any]]]:
-        return {"requests": state.log}
+        return {"requests": list(state.log)}
 
     @app.post("/mock/reset", tags=["admin"], status_code=204)
     async def reset() -> None:
