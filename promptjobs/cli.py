@@ -14,7 +14,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import ValidationError
 
-from promptjobs.launch import DevStack, LaunchError, run_api, run_dev, run_worker, stop_on_signals
+from promptjobs.launch import (
+    DevStack,
+    LaunchError,
+    ensure_port_free,
+    run_api,
+    run_dev,
+    run_worker,
+    stop_on_signals,
+)
 from promptjobs.settings import Settings
 
 app = typer.Typer(
@@ -102,6 +110,34 @@ def api() -> None:
 def worker() -> None:
     """Run a worker alone, configured by PROMPTJOBS_* variables."""
     run(_until_signal(run_worker, Settings()))
+
+
+@app.command("mock-provider")
+def mock_provider(
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 9000,
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+) -> None:
+    """Run a scripted OpenAI- and Anthropic-compatible provider (docs/providers.md)."""
+    from promptjobs.mock_provider import run_mock_provider
+
+    ensure_port_free(host, port, "mock provider", "--port")
+    url = f"http://{host}:{port}"
+    ready = "\n".join(
+        [
+            f"mock provider on {url} (Ctrl-C stops it); point promptjobs at it with",
+            f"  PROMPTJOBS_OPENAI_BASE_URL={url}/v1 PROMPTJOBS_OPENAI_API_KEY=mock",
+            f"  PROMPTJOBS_ANTHROPIC_BASE_URL={url} PROMPTJOBS_ANTHROPIC_API_KEY=mock",
+            'and script failures in a job\'s options: {"provider": "openai", '
+            '"model": "mock:fail=429,500;retry_after=2"}',
+        ]
+    )
+
+    async def serve_until_signal() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        await run_mock_provider(host, port, stop=stop, on_ready=lambda: typer.echo(ready))
+
+    run(serve_until_signal())
 
 
 @keys_app.command("create")

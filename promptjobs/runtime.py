@@ -73,8 +73,32 @@ async def open_projection(
 
 
 def build_adapters(settings: Settings) -> AdapterRegistry:
-    adapters: dict[str, Adapter] = {"fake": FakeAdapter()}
-    return AdapterRegistry(adapters, default=settings.default_provider)
+    """Every provider, with or without its credential: a job naming one that has none is
+    refused at submission with the variable to set."""
+    # Imported here: the SDKs take seconds to import, and only the processes that run or
+    # accept jobs need them, not every CLI command.
+    from activities.adapters.anthropic_messages import AnthropicMessagesAdapter
+    from activities.adapters.openai_compat import OpenAICompatAdapter
+
+    adapters: list[Adapter] = [
+        FakeAdapter(),
+        OpenAICompatAdapter(
+            api_key=settings.openai_api_key,
+            base_url=settings.openai_base_url,
+            timeout_s=settings.provider_timeout_s,
+            model=settings.openai_model,
+            max_tokens=settings.openai_max_tokens,
+            max_tokens_field=settings.openai_max_tokens_field,
+        ),
+        AnthropicMessagesAdapter(
+            api_key=settings.anthropic_api_key,
+            base_url=settings.anthropic_base_url,
+            timeout_s=settings.provider_timeout_s,
+            model=settings.anthropic_model,
+            max_tokens=settings.anthropic_max_tokens,
+        ),
+    ]
+    return AdapterRegistry({a.name: a for a in adapters}, default=settings.default_provider)
 
 
 async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:

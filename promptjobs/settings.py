@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -104,19 +105,32 @@ class Settings(BaseSettings):
     """On SIGTERM: how long a worker lets in-flight calls finish (then they are retried
     elsewhere), and how long the API lets in-flight requests finish."""
 
-    # Providers. Credentials are never logged.
-    default_provider: str = "fake"
+    # Providers (docs/providers.md). Credentials are never logged.
+    default_provider: Literal["fake", "openai", "anthropic"] = "fake"
     """Provider of a job whose options name none."""
     openai_api_key: SecretStr | None = None
     """API key of the OpenAI-compatible provider."""
     openai_base_url: str | None = None
     """Base URL of the OpenAI-compatible provider; default: OpenAI's."""
+    openai_model: str = "gpt-5.4-mini"
+    """Model of an `openai` job whose options name none."""
+    openai_max_tokens: int | None = Field(default=None, ge=1)
+    """Output token limit of an `openai` job whose options set none; unset sends no limit."""
+    openai_max_tokens_field: Literal["max_completion_tokens", "max_tokens"] = (
+        "max_completion_tokens"
+    )
+    """Request field for the token limit: OpenAI's own API wants `max_completion_tokens`, some
+    compatible servers only `max_tokens`."""
     anthropic_api_key: SecretStr | None = None
     """API key of the Anthropic provider."""
     anthropic_base_url: str | None = None
     """Base URL of the Anthropic provider; default: Anthropic's."""
-    provider_timeout_s: float = 120.0
-    """Client timeout of one provider request."""
+    anthropic_model: str = "claude-haiku-4-5"
+    """Model of an `anthropic` job whose options name none."""
+    anthropic_max_tokens: int = Field(default=1024, ge=1)
+    """Output token limit of an `anthropic` job whose options set none (the API needs one)."""
+    provider_timeout_s: float = Field(default=120.0, gt=0)
+    """Limit of one provider call; keep it under attempt_timeout_s so it reads as `timeout`."""
 
     @model_validator(mode="after")
     def _client_certificate_comes_with_its_key(self) -> Settings:

@@ -261,6 +261,72 @@ async def running_stack(
             await _truncate(projection)
 
 
+# -- the mock provider --------------------------------------------------------------------
+
+
+@dataclass
+class MockProviderServer:
+    """The mock provider (promptjobs/mock_provider.py) on a free port, and its admin calls."""
+
+    url: str
+    http: httpx.AsyncClient
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        return self.url
+
+    async def requests(self, prompt: str | None = None) -> list[dict[str, Any]]:
+        """What arrived, oldest first; only the requests for `prompt` if given."""
+        response = await self.http.get("/mock/requests")
+        response.raise_for_status()
+        seen: list[dict[str, Any]] = response.json()["requests"]
+        return [r for r in seen if prompt is None or r["prompt"] == prompt]
+
+    async def script(self, **script: Any) -> None:
+        """Script the next requests, whatever their prompt (`fail=[503]`, `retry_after=2`…)."""
+        (await self.http.post("/mock/script", json=script)).raise_for_status()
+
+
+@pytest.fixture(scope="session")
+async def mock_provider() -> AsyncIterator[MockProviderServer]:
+    from promptjobs.mock_provider import run_mock_provider
+
+    port = free_port()
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_mock_provider("127.0.0.1", port, stop=stop, on_ready=ready.set))
+    ready_wait = asyncio.create_task(ready.wait())
+    await asyncio.wait([task, ready_wait], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        await task
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        yield MockProviderServer(url, http)
+    stop.set()
+    await task
+
+
+def provider_settings(tmp_path: Path, mock: MockProviderServer, **overrides: Any) -> Settings:
+    """Settings whose `openai` and `anthropic` providers are the mock, with short delays."""
+    values: dict[str, Any] = {
+        "openai_base_url": mock.openai_base_url,
+        "openai_api_key": "mock-key",
+        "anthropic_base_url": mock.anthropic_base_url,
+        "anthropic_api_key": "mock-key",
+        # Generous: a hang test sets its own short limit.
+        "provider_timeout_s": 5.0,
+        "backoff_initial_s": 1.0,
+        "backoff_coefficient": 1.0,
+        "backoff_jitter": 0.0,
+        "rate_limit_default_s": 1.0,
+    }
+    values.update(overrides)
+    return make_settings(tmp_path, **values)
+
+
 @pytest.fixture
 async def stack(
     dev_server: WorkflowEnvironment, database_url: str, tmp_path: Path

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -32,8 +36,26 @@ class InvalidOptions(ValueError):
     """A job's options cannot run: an unknown provider, a bad field, a missing credential."""
 
 
+def parse_options(shape: type[M], value: object, where: str) -> M:
+    """Validate `value` as `shape`; InvalidOptions names every bad field (`where.field: why`)."""
+    try:
+        return shape.model_validate(value)
+    except ValidationError as err:
+        problems = "; ".join(
+            ".".join([where, *(str(p) for p in e["loc"])])
+            + f": {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
+        )
+        raise InvalidOptions(problems) from err
+
+
 class Adapter(Protocol):
     name: str
+
+    @property
+    def configured(self) -> bool:
+        """Whether a job could run on it now (its credential is set)."""
+        ...
 
     def validate(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions if a job with these options could never run."""
@@ -49,7 +71,8 @@ class AdapterRegistry:
         self.default = default
 
     def names(self) -> list[str]:
-        return sorted(self._adapters)
+        """The providers this deployment can run now (a chat provider needs its credential)."""
+        return sorted(name for name, adapter in self._adapters.items() if adapter.configured)
 
     def provider_of(self, options: Mapping[str, Any]) -> str:
         return str(options.get("provider") or self.default)

@@ -7,9 +7,10 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from activities.adapters.base import AdapterRequest, AdapterResult, InvalidOptions
+from activities.adapters.base import AdapterRequest, AdapterResult, parse_options
+from activities.adapters.chat import ChatOptions
 from activities.errors import AdapterError, ErrorKind
 
 
@@ -23,6 +24,12 @@ class FakeBehaviour(BaseModel):
     retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
 
 
+class FakeOptions(ChatOptions):
+    """The options a real provider takes, so a job can switch providers, plus `fake`."""
+
+    fake: FakeBehaviour | None = None
+
+
 def fake_output(prompt: str) -> str:
     digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
     return f"[fake:{digest}] {prompt}"
@@ -30,20 +37,14 @@ def fake_output(prompt: str) -> str:
 
 class FakeAdapter:
     name = "fake"
+    configured = True
 
     def validate(self, options: Mapping[str, Any]) -> None:
         self._behaviour(options)
 
     @staticmethod
     def _behaviour(options: Mapping[str, Any]) -> FakeBehaviour:
-        try:
-            return FakeBehaviour.model_validate(options.get("fake") or {})
-        except ValidationError as err:
-            problems = "; ".join(
-                f"options.fake.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                for e in err.errors()
-            )
-            raise InvalidOptions(problems) from err
+        return parse_options(FakeOptions, dict(options), "options").fake or FakeBehaviour()
 
     async def complete(self, request: AdapterRequest) -> AdapterResult:
         behaviour = self._behaviour(request.options)

@@ -1,0 +1,204 @@
+"""What the HTTP chat adapters share: their job options, the HTTP status table, Retry-After
+hints, the call deadline and the reading of an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from activities.adapters.base import AdapterResult, InvalidOptions, parse_options
+from activities.errors import AdapterError, ErrorKind
+
+A = TypeVar("A", bound=BaseModel)
+
+# Longest provider message we keep in a job's error_message.
+DETAIL_LIMIT = 500
+
+
+class ChatOptions(BaseModel):
+    """A job's `options` for a chat provider; anything else in them is a mistake."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: str | None = None
+    # The responses table holds 128 characters of model name.
+    model: str | None = Field(default=None, min_length=1, max_length=128)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    system: str | None = Field(default=None, max_length=100_000)
+
+
+OptionsT = TypeVar("OptionsT", bound=ChatOptions)
+
+
+class ChatAdapter(Generic[OptionsT]):
+    """What the chat adapters share: where the provider is, the default model, the strict
+    reading of a job's options, and the credential, checked at submission and at call."""
+
+    name: str
+    # The variable that sets the API key, named in the refusal when it is missing.
+    credential: str
+    default_base_url: str
+    options_shape: type[OptionsT]
+
+    def __init__(
+        self, *, api_key: SecretStr | None, base_url: str | None, timeout_s: float, model: str
+    ) -> None:
+        self.api_key = api_key
+        self.base_url = base_url or self.default_base_url
+        self.timeout_s = timeout_s
+        self.model = model
+
+    @property
+    def configured(self) -> bool:
+        return self.api_key is not None
+
+    def validate(self, options: Mapping[str, Any]) -> None:
+        self.options(options)
+        if self.api_key is None:
+            raise InvalidOptions(self._missing_credential())
+
+    def options(self, options: Mapping[str, Any]) -> OptionsT:
+        return parse_options(self.options_shape, dict(options), "options")
+
+    def secret(self) -> str:
+        """The API key for a call. Without one the call is `auth`, which is not retried."""
+        if self.api_key is None:
+            raise AdapterError(ErrorKind.AUTH, self._missing_credential())
+        return self.api_key.get_secret_value()
+
+    def _missing_credential(self) -> str:
+        return (
+            f"provider {self.name!r} has no API key: set {self.credential} "
+            "(any value for a server that checks none)"
+        )
+
+
+def status_kind(status: int) -> ErrorKind:
+    """shared/DESIGN.md's table: which error kind an HTTP failure status is."""
+    if status == 429:
+        return ErrorKind.RATE_LIMIT
+    if status in (401, 403):
+        return ErrorKind.AUTH
+    if status == 408:
+        # Request Timeout: the provider gave up waiting, as a client timeout would.
+        return ErrorKind.TIMEOUT
+    if 500 <= status <= 599:
+        return ErrorKind.PROVIDER_5XX
+    if 400 <= status <= 499:
+        return ErrorKind.PROVIDER_4XX
+    return ErrorKind.UNKNOWN
+
+
+def retry_after_s(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """The provider's wait: `retry-after-ms`, else `Retry-After` in seconds or as an HTTP date.
+    None when absent or unreadable, so the policy's own default applies."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            continue
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def status_failure(
+    provider: str,
+    status: int,
+    headers: Mapping[str, str],
+    detail: str,
+    request_id: str | None,
+) -> AdapterError:
+    kind = status_kind(status)
+    where = f" (request {request_id})" if request_id else ""
+    return AdapterError(
+        kind,
+        f"{provider}: HTTP {status}: {detail[:DETAIL_LIMIT]}{where}",
+        retry_after_s=retry_after_s(headers) if kind is ErrorKind.RATE_LIMIT else None,
+    )
+
+
+def transport_failure(
+    provider: str, err: Exception, kinds: Sequence[tuple[type[Exception], ErrorKind]]
+) -> AdapterError:
+    """A failure without an HTTP status, by the first entry of `kinds` it is an instance of."""
+    kind = next((kind for kind_of, kind in kinds if isinstance(err, kind_of)), ErrorKind.UNKNOWN)
+    cause = err.__cause__
+    if cause is None:
+        why = f"{type(err).__name__}: {err}"
+    else:
+        why = f"{err} ({type(cause).__name__}{f': {cause}' if str(cause) else ''})"
+    return AdapterError(kind, f"{provider}: {why}")
+
+
+@asynccontextmanager
+async def deadline(provider: str, timeout_s: float) -> AsyncIterator[None]:
+    """The whole call's limit. The SDK's timeout bounds each read, not a slow trickle; and a
+    call that outlived the activity's own limit would look like a lost worker, not a timeout."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError as err:
+        raise AdapterError(
+            ErrorKind.TIMEOUT, f"{provider}: no answer within {timeout_s:g} s"
+        ) from err
+
+
+def read_answer(provider: str, shape: type[A], body: bytes, what: str) -> A:
+    """Validate the fields we record. The SDKs' own parsing is lenient by design (a non-JSON
+    body comes back as text, a JSON one is not validated), so a broken answer would surface as
+    an AttributeError far from its cause."""
+    try:
+        return shape.model_validate_json(body)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise AdapterError(
+            ErrorKind.PARSE,
+            f"{provider}: the answer is not a {what} ({where}: {first['msg']}); "
+            f"it starts {body[:120]!r}",
+        ) from err
+
+
+def chat_result(
+    *,
+    provider: str,
+    text: str,
+    model: str,
+    request_id: str | None,
+    finish_reason: str | None,
+    input_tokens: int | None,
+    output_tokens: int | None,
+    started: float,
+) -> AdapterResult:
+    """The result as the responses table holds it (its column widths)."""
+    return AdapterResult(
+        text=text,
+        provider=provider,
+        model=model[:128],
+        provider_request_id=request_id[:255] if request_id else None,
+        finish_reason=finish_reason[:64] if finish_reason else None,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        latency_ms=round((time.monotonic() - started) * 1000),
+    )
