@@ -8,6 +8,8 @@ import sys
 import time
 
 from sqlalchemy import select
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.testing import WorkflowEnvironment
 
 from bench.harness import Report, dev_temporal, scratch, service, target, wait_for_pollers
 from projections.models import Job
@@ -33,6 +35,18 @@ async def until(projection: Projection, job_id: str, state: str, attempt: int) -
             return time.monotonic()
         await asyncio.sleep(0.02)
     raise TimeoutError(f"job {job_id} not {state} (attempt {attempt}) within {TIMEOUT_S} s")
+
+
+async def sticky_timeouts(env: WorkflowEnvironment, job_id: str) -> int:
+    """Workflow tasks that waited on the dead worker's sticky queue until they timed out."""
+    history = await env.client.get_workflow_handle(job_id).fetch_history()
+    return sum(
+        1
+        for event in history.events
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+        and event.workflow_task_timed_out_event_attributes.timeout_type
+        == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START
+    )
 
 
 async def main() -> Report:
@@ -77,6 +91,7 @@ async def main() -> Report:
                         killed = time.monotonic()
                         running = await until(projection, job_id, "running", 2)
                         succeeded = await until(projection, job_id, "succeeded", 2)
+                        stalls = await sticky_timeouts(env, job_id)
                         report.add(
                             f"heartbeat {heartbeat:.0f} s, trial {trial + 1}: kill → running",
                             f"{running - killed:.1f} s",
@@ -84,7 +99,9 @@ async def main() -> Report:
                         )
                         report.add(
                             f"heartbeat {heartbeat:.0f} s, trial {trial + 1}: kill → succeeded",
-                            f"{succeeded - killed:.1f} s",
+                            f"{succeeded - killed:.1f} s "
+                            f"(attempt {(await row(projection, job_id)).attempt}; "
+                            f"{stalls} workflow task(s) timed out on A's sticky queue)",
                         )
     return report
 

@@ -30,6 +30,14 @@ from workflows import search_attributes
 LOGS = Path(tempfile.gettempdir()) / "promptjobs-bench-logs"
 
 
+def exit_on_sigterm() -> None:
+    """`timeout` and Ctrl-C alike unwind the benchmark, so the processes it started stop."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+exit_on_sigterm()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -240,6 +248,31 @@ async def wait_for_count(
         await asyncio.sleep(interval)
     done = await count_in_state(projection, state)
     raise TimeoutError(f"only {done}/{n} jobs {state} after {timeout} s")
+
+
+async def states(projection: Projection) -> dict[str, int]:
+    from sqlalchemy import func, select
+
+    from projections.models import Job
+
+    async with projection.sessions() as session:
+        stmt = select(Job.state, func.count()).group_by(Job.state)
+        return {state.value: n for state, n in (await session.execute(stmt)).all()}
+
+
+async def wait_settled(
+    projection: Projection, n: int, timeout: float, interval: float = 0.2
+) -> tuple[float, dict[str, int]]:
+    """Poll until `n` jobs are terminal; when it happened (monotonic) and the states."""
+    terminal = {"succeeded", "failed", "cancelled", "superseded"}
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = await states(projection)
+        if sum(v for k, v in counts.items() if k in terminal) >= n:
+            return time.monotonic(), counts
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"jobs not all settled after {timeout} s: {counts}")
+        await asyncio.sleep(interval)
 
 
 async def submit_many(
