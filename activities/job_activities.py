@@ -77,26 +77,28 @@ class JobActivities:
         of the next attempt. The workflow settles the job."""
         info = activity.info()
         attempt = info.attempt
-        started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
-        if started.state.is_terminal:
-            raise ApplicationError(
-                f"job is already {started.state.value}", type=JOB_CLOSED, non_retryable=True
-            )
-        await report_to_workflow(AttemptReport(JobState.RUNNING.value, attempt))
-        job, prompt = await self._load(call.job_id)
-        request = AdapterRequest(
-            job_id=job.job_id,
-            prompt_id=prompt.prompt_id,
-            prompt=prompt.text,
-            attempt=attempt,
-            options=dict(prompt.options or {}),
-        )
         timeout = info.heartbeat_timeout or timedelta(seconds=10)
-        try:
-            async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
+        # From the first line: under load the projection writes can wait on the database for
+        # longer than the heartbeat timeout, and a live worker must not be taken for dead.
+        async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
+            started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
+            if started.state.is_terminal:
+                raise ApplicationError(
+                    f"job is already {started.state.value}", type=JOB_CLOSED, non_retryable=True
+                )
+            await report_to_workflow(AttemptReport(JobState.RUNNING.value, attempt))
+            job, prompt = await self._load(call.job_id)
+            request = AdapterRequest(
+                job_id=job.job_id,
+                prompt_id=prompt.prompt_id,
+                prompt=prompt.text,
+                attempt=attempt,
+                options=dict(prompt.options or {}),
+            )
+            try:
                 result = await self._complete(request)
-        except AdapterError as err:
-            raise await self._failed_attempt(call, attempt, err) from err
+            except AdapterError as err:
+                raise await self._failed_attempt(call, attempt, err) from err
         return _outcome(attempt, result)
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:
