@@ -219,6 +219,24 @@ def scratch() -> Iterator[Path]:
         yield Path(path)
 
 
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    """A database `promptjobs_bench_<random>` of its own, dropped after."""
+    import psycopg
+
+    name = f"promptjobs_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def peak_rss_mb(pid: int) -> float:
     """VmHWM of a live process, in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

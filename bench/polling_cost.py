@@ -9,16 +9,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 from sqlalchemy import create_engine, insert
 
-from bench.harness import Report, ms, percentile, scratch, service
+from bench.harness import Report, ms, percentile, pg_database, scratch, service
 from projections.db import migrate, sync_url
 from projections.models import Job, Prompt
 
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 REQUESTS = 300
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 ORGS = 10  # acme holds 1/ORGS of the rows; alice 1/USERS of acme's
 USERS = 10
 CHUNK = 5000
@@ -96,17 +94,10 @@ async def main() -> Report:
         sqlite_dir = data_dir / "sqlite"
         sqlite_dir.mkdir()
         await measure(report, "SQLite", f"sqlite:///{sqlite_dir / 'bench.db'}", sqlite_dir)
-        name = f"promptjobs_bench_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        try:
+        with pg_database() as url:
             pg_dir = data_dir / "pg"
             pg_dir.mkdir()
-            url = f"postgresql://postgres@127.0.0.1:5432/{name}"
             await measure(report, "PostgreSQL", url, pg_dir)
-        finally:
-            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return report
 
 

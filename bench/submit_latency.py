@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
 from bench.harness import (
@@ -10,6 +11,7 @@ from bench.harness import (
     dev_temporal,
     ms,
     percentile,
+    pg_database,
     scratch,
     service,
     submit_many,
@@ -19,6 +21,8 @@ from bench.harness import (
 
 REQUESTS = {1: 300, 32: 960}
 WARMUP = 20
+# `postgresql` as the argument: the projection on PostgreSQL instead of SQLite.
+BACKEND = sys.argv[1] if len(sys.argv) > 1 else "sqlite"
 BODY: dict[str, object] = {"options": {"fake": {"latency_ms": 2000}}}
 
 
@@ -28,14 +32,20 @@ async def main() -> Report:
         {
             "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
             "adapter": "fake, latency_ms=2000",
-            "stack": "promptjobs api + promptjobs worker processes, SQLite projection, "
+            "stack": f"promptjobs api + promptjobs worker processes, {BACKEND} projection, "
             "dev server on disk (WAL)",
             "client": "httpx in the bench process, keep-alive",
         },
     )
     report.start()
-    with scratch() as data_dir:
-        async with dev_temporal(data_dir) as env, service(target(env), data_dir) as (svc, _, http):
+    with scratch() as data_dir, contextlib.ExitStack() as stack:
+        overrides: dict[str, object] = {}
+        if BACKEND == "postgresql":
+            overrides["database_url"] = stack.enter_context(pg_database())
+        async with (
+            dev_temporal(data_dir) as env,
+            service(target(env), data_dir, **overrides) as (svc, _, http),
+        ):
             svc.spawn("worker")
             await wait_for_pollers(env, svc.settings.temporal_task_queue)
             await submit_many(http, WARMUP, 1, BODY)
