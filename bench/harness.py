@@ -1,0 +1,335 @@
+"""What every benchmark shares: a dev server, `promptjobs api`/`worker` processes, keys,
+percentiles and the printed table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from temporalio.testing import WorkflowEnvironment
+
+from projections.keys import create_key
+from promptjobs.launch import DEV_SERVER_ARGS
+from promptjobs.runtime import Projection, open_projection, temporal_cli
+from promptjobs.settings import Settings
+from workflows import search_attributes
+
+# The processes' output, kept after the run for diagnosis (overwritten by the next run).
+LOGS = Path(tempfile.gettempdir()) / "promptjobs-bench-logs"
+
+
+def exit_on_sigterm() -> None:
+    """`timeout` and Ctrl-C alike unwind the benchmark, so the processes it started stop."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+exit_on_sigterm()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load() -> str:
+    """The 1/5/15-minute load averages, printed beside every figure (the machine is shared)."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+@dataclass
+class Report:
+    """A benchmark's parameters, then its figures, printed last."""
+
+    name: str
+    params: dict[str, object]
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def start(self) -> None:
+        print(f"== {self.name}", flush=True)
+        for key, value in self.params.items():
+            print(f"  {key}: {value}", flush=True)
+        print(f"  at start: {load()}", flush=True)
+
+    def add(self, metric: str, value: str, target: str = "") -> None:
+        self.rows.append((metric, value, target, load()))
+        print(f"  .. {metric}: {value}", flush=True)
+
+    def print(self) -> None:
+        print()
+        print(f"| {self.name} | figure | target | load (1/5/15 min) |")
+        print("|---|---|---|---|")
+        for metric, value, target, at in self.rows:
+            print(f"| {metric} | {value} | {target} | {at.removeprefix('load ')} |")
+        print(flush=True)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+# -- Temporal ------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def dev_temporal(data_dir: Path) -> AsyncIterator[WorkflowEnvironment]:
+    """The dev server as `promptjobs dev` runs it: on-disk SQLite with the WAL pragmas."""
+    env = await WorkflowEnvironment.start_local(
+        ip="127.0.0.1",
+        port=free_port(),
+        search_attributes=search_attributes.ALL,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_database_filename=str(data_dir / "temporal.db"),
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_log_level="error",
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+def target(env: WorkflowEnvironment) -> str:
+    return env.client.service_client.config.target_host
+
+
+# -- promptjobs processes ------------------------------------------------------------------
+
+
+@dataclass
+class Service:
+    """`promptjobs api` and `promptjobs worker` processes sharing one projection."""
+
+    settings: Settings
+    temporal_address: str
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            **os.environ,
+            "PROMPTJOBS_TEMPORAL_ADDRESS": self.temporal_address,
+            "PROMPTJOBS_TEMPORAL_TASK_QUEUE": s.temporal_task_queue,
+            "PROMPTJOBS_DATABASE_URL": s.projection_url,
+            "PROMPTJOBS_DATA_DIR": str(s.data_dir),
+            "PROMPTJOBS_API_PORT": str(s.api_port),
+            "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(s.heartbeat_timeout_s),
+            "PROMPTJOBS_SHUTDOWN_GRACE_S": "2",
+        }
+
+    def spawn(self, command: str) -> subprocess.Popen[bytes]:
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log = (LOGS / f"{command}-{len(self.processes)}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "promptjobs", command],
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        self.processes.append(process)
+        return process
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
+
+    async def start_api(self) -> subprocess.Popen[bytes]:
+        process = self.spawn("api")
+        deadline = time.monotonic() + 60
+        async with httpx.AsyncClient(base_url=self.base_url) as http:
+            while time.monotonic() < deadline:
+                if process.poll() is not None:
+                    raise RuntimeError(f"promptjobs api exited with {process.returncode}")
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/healthz")).status_code == 200:
+                        return process
+                await asyncio.sleep(0.1)
+        raise RuntimeError("promptjobs api did not answer /healthz within 60 s")
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def bench_settings(data_dir: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "data_dir": data_dir,
+        "api_port": free_port(),
+        "temporal_task_queue": f"bench-{uuid.uuid4().hex[:8]}",
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def service(
+    temporal_address: str, data_dir: Path, **overrides: object
+) -> AsyncIterator[tuple[Service, Projection, httpx.AsyncClient]]:
+    """API process (real HTTP), no worker yet; a projection and an authenticated client."""
+    settings = bench_settings(data_dir, **overrides)
+    svc = Service(settings, temporal_address)
+    async with open_projection(settings) as projection:
+        try:
+            await svc.start_api()
+            key = (await create_key(projection.sessions, "acme", "alice", "member")).secret
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+            async with httpx.AsyncClient(
+                base_url=svc.base_url,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=60,
+                limits=limits,
+            ) as http:
+                yield svc, projection, http
+        finally:
+            svc.stop_all()
+
+
+@contextlib.contextmanager
+def scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="promptjobs-bench-") as path:
+        yield Path(path)
+
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[str]:
+    """A database `promptjobs_bench_<random>` of its own, dropped after."""
+    import psycopg
+
+    name = f"promptjobs_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM of a live process, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+async def count_in_state(projection: Projection, state: str) -> int:
+    from sqlalchemy import func, select
+
+    from projections.models import Job
+
+    async with projection.sessions() as session:
+        stmt = select(func.count()).select_from(Job).where(Job.state == state)
+        return int((await session.execute(stmt)).scalar_one())
+
+
+async def wait_for_count(
+    projection: Projection, state: str, n: int, timeout: float, interval: float = 0.1
+) -> float:
+    """Poll until `n` jobs are in `state`; the monotonic time it happened."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await count_in_state(projection, state) >= n:
+            return time.monotonic()
+        await asyncio.sleep(interval)
+    done = await count_in_state(projection, state)
+    raise TimeoutError(f"only {done}/{n} jobs {state} after {timeout} s")
+
+
+async def states(projection: Projection) -> dict[str, int]:
+    from sqlalchemy import func, select
+
+    from projections.models import Job
+
+    async with projection.sessions() as session:
+        stmt = select(Job.state, func.count()).group_by(Job.state)
+        return {state.value: n for state, n in (await session.execute(stmt)).all()}
+
+
+async def wait_settled(
+    projection: Projection, n: int, timeout: float, interval: float = 0.2
+) -> tuple[float, dict[str, int]]:
+    """Poll until `n` jobs are terminal; when it happened (monotonic) and the states."""
+    terminal = {"succeeded", "failed", "cancelled", "superseded"}
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = await states(projection)
+        if sum(v for k, v in counts.items() if k in terminal) >= n:
+            return time.monotonic(), counts
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"jobs not all settled after {timeout} s: {counts}")
+        await asyncio.sleep(interval)
+
+
+async def submit_many(
+    http: httpx.AsyncClient, n: int, concurrency: int, body: dict[str, object]
+) -> list[float]:
+    """Submit `n` prompts with `concurrency` in flight; each request's latency in seconds."""
+    latencies: list[float] = []
+    queue = iter(range(n))
+
+    async def submitter() -> None:
+        for i in queue:
+            started = time.perf_counter()
+            response = await http.post("/v1/prompts", json={**body, "prompt": f"bench {i}"})
+            latencies.append(time.perf_counter() - started)
+            if response.status_code != 202:
+                raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
+
+    await asyncio.gather(*(submitter() for _ in range(concurrency)))
+    return latencies
+
+
+async def wait_for_pollers(
+    env: WorkflowEnvironment, task_queue: str, count: int = 1, timeout: float = 60
+) -> None:
+    """Until `count` workers poll `task_queue` for activities (they have started)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        described = await env.client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=env.client.namespace,
+                task_queue=TaskQueue(name=task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            )
+        )
+        if len(described.pollers) >= count:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"no worker polled {task_queue} within {timeout} s")

@@ -1,0 +1,62 @@
+"""Submit latency: POST /v1/prompts p50/p99 at concurrency 1 and 32, adapter at 2 s."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+
+from bench.harness import (
+    Report,
+    dev_temporal,
+    ms,
+    percentile,
+    pg_database,
+    scratch,
+    service,
+    submit_many,
+    target,
+    wait_for_pollers,
+)
+
+REQUESTS = {1: 300, 32: 960}
+WARMUP = 20
+# `postgresql` as the argument: the projection on PostgreSQL instead of SQLite.
+BACKEND = sys.argv[1] if len(sys.argv) > 1 else "sqlite"
+BODY: dict[str, object] = {"options": {"fake": {"latency_ms": 2000}}}
+
+
+async def main() -> Report:
+    report = Report(
+        "submit latency",
+        {
+            "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
+            "adapter": "fake, latency_ms=2000",
+            "stack": f"promptjobs api + promptjobs worker processes, {BACKEND} projection, "
+            "dev server on disk (WAL)",
+            "client": "httpx in the bench process, keep-alive",
+        },
+    )
+    report.start()
+    with scratch() as data_dir, contextlib.ExitStack() as stack:
+        overrides: dict[str, object] = {}
+        if BACKEND == "postgresql":
+            overrides["database_url"] = stack.enter_context(pg_database())
+        async with (
+            dev_temporal(data_dir) as env,
+            service(target(env), data_dir, **overrides) as (svc, _, http),
+        ):
+            svc.spawn("worker")
+            await wait_for_pollers(env, svc.settings.temporal_task_queue)
+            await submit_many(http, WARMUP, 1, BODY)
+            for concurrency, n in REQUESTS.items():
+                latencies = await submit_many(http, n, concurrency, BODY)
+                goal = "p99 < 25 ms (seed: < 100 ms)" if concurrency == 1 else "seed: p99 < 100 ms"
+                report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
+                report.add(f"c={concurrency} p99", ms(percentile(latencies, 99)), goal)
+    return report
+
+
+if __name__ == "__main__":
+    asyncio.run(main()).print()
+    sys.exit(0)
