@@ -213,7 +213,9 @@ class Dispatcher:
             await self.store.mark_undispatched(job.job_id)
             await self.start(job)
             return True
-        if status is WorkflowExecutionStatus.RUNNING:
+        if status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
+            # A completed workflow settled its row before completing (it awaits the settling
+            # activity); a row read as unsettled here was read just before that commit.
             return False
         # The workflow closed without its last projection landing (terminated by an operator,
         # timed out, or failed for a reason of its own). Settle the row to match.
