@@ -11,10 +11,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from temporalio.testing import WorkflowEnvironment
+
 from promptjobs.settings import Settings
 from tests.conftest import eventually
 
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
+
+
+def temporal_address(env: WorkflowEnvironment) -> str:
+    """Where a process started by a test reaches the test's Temporal server."""
+    return env.client.service_client.config.target_host
 
 
 def process_env(settings: Settings, **extra: object) -> dict[str, str]:

@@ -10,7 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from projections.notifications import libpq_url
 from tests.conftest import Stack, eventually, make_settings, running_stack
-from tests.integration.processes import process_env, promptjobs_process
+from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from tests.integration.sse import Stream, sse
 
 pytestmark = pytest.mark.postgres
@@ -19,10 +19,6 @@ pytestmark = pytest.mark.postgres
 # not by the stream's poll.
 POLL_S = 30.0
 PROMPT = {"options": {"fake": {"latency_ms": 500}}}
-
-
-def temporal_address(env: WorkflowEnvironment) -> str:
-    return env.client.service_client.config.target_host
 
 
 async def settles_on_stream(stack: Stack, stream: Stream) -> None:

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from temporalio.client import Client
@@ -17,48 +11,22 @@ from activities.adapters.fake import fake_output
 from projections.store import Scope
 from promptjobs.launch import DEV_SERVER_ARGS
 from promptjobs.runtime import temporal_cli
-from promptjobs.settings import Settings
 from tests.conftest import eventually, free_port, make_settings, new_worker, running_stack
+from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from workflows import search_attributes
 
 ALICE = Scope("acme", "alice", "member")
 
 
-@contextmanager
-def worker_process(settings: Settings, temporal_address: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`promptjobs worker` as its own OS process, configured only by environment."""
-    env = {
-        **os.environ,
-        "PROMPTJOBS_TEMPORAL_ADDRESS": temporal_address,
-        "PROMPTJOBS_TEMPORAL_TASK_QUEUE": settings.temporal_task_queue,
-        "PROMPTJOBS_DATABASE_URL": settings.projection_url,
-        "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
-        "PROMPTJOBS_DATA_DIR": str(settings.data_dir),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "promptjobs", "worker"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
-
-
-def target(env: WorkflowEnvironment) -> str:
-    return env.client.service_client.config.target_host
-
-
 async def test_sigkilled_worker_mid_call_job_finishes_on_another_worker(
     dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    settings = make_settings(tmp_path, heartbeat_timeout_s=2.0)
+    settings = make_settings(
+        tmp_path, heartbeat_timeout_s=2.0, temporal_address=temporal_address(dev_server)
+    )
+    procs = tmp_path / "procs"
     async with running_stack(settings, dev_server.client, run_worker=False) as stack:
-        with worker_process(settings, target(dev_server)) as first:
+        with promptjobs_process("worker", process_env(settings), procs) as first:
             accepted = await stack.submit("survive", options={"fake": {"latency_ms": 4000}})
             running = await eventually(
                 lambda: stack.job(accepted["job_id"]),
@@ -66,9 +34,8 @@ async def test_sigkilled_worker_mid_call_job_finishes_on_another_worker(
                 timeout=30,
             )
             assert running["attempt"] == 1
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
-        with worker_process(settings, target(dev_server)):
+            first.kill()  # SIGKILL, mid-call
+        with promptjobs_process("worker", process_env(settings), procs):
             job = await stack.settled(accepted["job_id"], timeout=60)
 
         assert (job["state"], job["attempt"]) == ("succeeded", 2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,7 @@ from promptjobs.history import export_history
 from promptjobs.launch import DEV_SERVER_ARGS
 from promptjobs.runtime import temporal_cli
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
-from tests.integration.test_recovery import target, worker_process
+from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from workflows import search_attributes
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -84,10 +83,10 @@ async def crash_recovery(stack: Stack, env: WorkflowEnvironment) -> str:
     job_id = str(
         (await stack.submit("replay me", options={"fake": {"latency_ms": 3000}}))["job_id"]
     )
-    with worker_process(stack.settings, target(env)) as first:
+    settings = stack.settings.model_copy(update={"temporal_address": temporal_address(env)})
+    with promptjobs_process("worker", process_env(settings), settings.data_dir / "procs") as first:
         await eventually(lambda: stack.job(job_id), lambda j: j["state"] == "running", timeout=30)
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=10)
+        first.kill()  # SIGKILL, mid-call
     async with new_worker(stack.settings, stack.client, stack.projection):
         await stack.settled(job_id, timeout=60)
     return job_id
