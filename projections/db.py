@@ -20,6 +20,10 @@ from sqlalchemy.ext.asyncio import (
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
+# The execution option `transaction()` sets on its connection: on SQLite, a write transaction
+# takes the write lock at BEGIN; every other session is a reader and takes none.
+WRITE = "promptjobs_write"
+
 
 def async_url(url: str) -> str:
     """Accept the URLs people write (sqlite:///x.db, postgresql://...) and pick async drivers."""
@@ -60,7 +64,9 @@ def _make_sqlite_transactional(engine: AsyncEngine) -> None:
     """WAL for concurrent readers; BEGIN IMMEDIATE so two writers queue instead of deadlocking.
 
     pysqlite's own transaction handling begins lazily and cannot upgrade a read lock safely,
-    so we take over BEGIN (the recipe from SQLAlchemy's SQLite dialect documentation).
+    so we take over BEGIN (the recipe from SQLAlchemy's SQLite dialect documentation). Only
+    `transaction()` writes, and only it takes the write lock: reads (a poll, an SSE query, the
+    API key lookup of every request) begin deferred and never wait for a writer, under WAL.
     """
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -75,7 +81,9 @@ def _make_sqlite_transactional(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql(
+            "BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN"
+        )
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
@@ -84,8 +92,10 @@ def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 
 @asynccontextmanager
 async def transaction(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
-    """The boundary that owns the commit: commit on success, roll back on any error."""
+    """The boundary that owns the commit: commit on success, roll back on any error.
+    Every write goes through here; a plain `sessions()` session is for reading."""
     async with sessions() as session, session.begin():
+        await session.connection(execution_options={WRITE: True})
         yield session
 
 

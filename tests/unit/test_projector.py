@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import func, select
+import asyncio
 
+import pytest
+from sqlalchemy import func, select, update
+
+from projections.db import transaction
 from projections.ids import response_id_for
 from projections.models import Job, Response
 from projections.projector import ResponseRecord, Transition
@@ -152,3 +155,30 @@ async def test_event_ids_increase_and_are_the_jobs_cursor(projection: Projection
     assert [e.id for e in events] == sorted({e.id for e in events})
     row = await projection.store.job(ALICE, job.job_id)
     assert row.last_event_id == events[-1].id
+
+
+async def test_reads_do_not_wait_for_an_open_write(projection: Projection) -> None:
+    """A poll, an SSE query or an API key lookup reads while a write transaction is open;
+    only a second writer queues behind it (SQLite: BEGIN IMMEDIATE for writes only)."""
+    job = await queued_job(projection)
+    writing, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_write() -> None:
+        async with transaction(projection.sessions) as session:
+            await session.execute(update(Job).values(priority=7))
+            writing.set()
+            await release.wait()
+
+    writer = asyncio.create_task(slow_write())
+    await writing.wait()
+    try:
+        read = await asyncio.wait_for(projection.store.job(ALICE, job.job_id), timeout=5)
+        assert read.priority == 50  # the open write is not visible yet
+        second = asyncio.create_task(projection.projector.start_attempt(job.job_id, 1, "w1"))
+        await asyncio.sleep(0.2)
+        assert not second.done()  # writers take turns
+    finally:
+        release.set()
+        await writer
+    assert (await second).applied
+    assert (await projection.store.job(ALICE, job.job_id)).priority == 7
