@@ -260,11 +260,12 @@ class JobStore:
         self._notify()
         return job, needs_workflow
 
-    async def mark_dispatched(self, job_id: str) -> None:
+    async def mark_dispatched(self, job_ids: list[str]) -> None:
+        """Note that these jobs' workflows are started; one write for many."""
         async with transaction(self.sessions) as session:
             await session.execute(
                 update(Job)
-                .where(Job.job_id == job_id, Job.dispatched_at.is_(None))
+                .where(Job.job_id.in_(job_ids), Job.dispatched_at.is_(None))
                 .values(dispatched_at=utcnow())
             )
 
