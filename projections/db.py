@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
+import weakref
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -90,11 +94,72 @@ def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+class WriteTurn:
+    """Writers of one SQLite database take turns, across processes, in the order they ask.
+
+    SQLite has one writer, and left to SQLite a writer that loses the race polls the lock with
+    growing sleeps (its busy handler: up to 100 ms). Under load the lock then sits free while
+    losers sleep, and a process that writes back to back (a busy worker) starves one that
+    writes now and then (the API's submits wait seconds). So every write transaction first
+    takes its process's turn (an asyncio lock) and then an advisory lock on a file beside the
+    database (`flock`, which the kernel hands to a waiter as soon as it is released). Writers
+    that do not take part (the sqlite3 shell, migrations) still meet in the busy handler.
+    """
+
+    def __init__(self, database: str) -> None:
+        self.path = f"{database}.write-lock"
+        self._fd: int | None = None
+        self._local = asyncio.Lock()
+
+    @asynccontextmanager
+    async def __call__(self) -> AsyncIterator[None]:
+        async with self._local:
+            fd = self._open()
+            acquiring = asyncio.ensure_future(asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX))
+            try:
+                await asyncio.shield(acquiring)
+            except asyncio.CancelledError:
+                # The thread still takes the lock; give it back once it has.
+                acquiring.add_done_callback(lambda done: self._release_after(done, fd))
+                raise
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _open(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._fd
+
+    @staticmethod
+    def _release_after(done: asyncio.Future[None], fd: int) -> None:
+        if not done.cancelled() and done.exception() is None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+# One per SQLite engine (an engine, like its connections, lives in one event loop).
+_write_turns: weakref.WeakKeyDictionary[Engine, WriteTurn] = weakref.WeakKeyDictionary()
+
+
+def _write_turn(sessions: async_sessionmaker[AsyncSession]) -> AbstractAsyncContextManager[Any]:
+    bind = sessions.kw.get("bind")
+    if not isinstance(bind, AsyncEngine) or not is_sqlite(bind):
+        return nullcontext()
+    database = bind.url.database
+    if not database or database == ":memory:":
+        return nullcontext()
+    turn = _write_turns.get(bind.sync_engine)
+    if turn is None:
+        turn = _write_turns[bind.sync_engine] = WriteTurn(database)
+    return turn()
+
+
 @asynccontextmanager
 async def transaction(sessions: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
     """The boundary that owns the commit: commit on success, roll back on any error.
     Every write goes through here; a plain `sessions()` session is for reading."""
-    async with sessions() as session, session.begin():
+    async with _write_turn(sessions), sessions() as session, session.begin():
         await session.connection(execution_options={WRITE: True})
         yield session
 
