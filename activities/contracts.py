@@ -15,6 +15,17 @@ class AdapterCall:
     max_attempts: int
     # Epoch seconds of the job's hard ceiling; an attempt that would start later is not made.
     deadline_epoch_s: float
+    # Settle a success in the same activity (persist the response, mark the job succeeded)
+    # instead of leaving it to finalize_success. Set by workflows started since the patch
+    # `settle-success-in-call`; older histories call finalize_success.
+    settle_success: bool = False
+
+
+@dataclass
+class SettleResult:
+    applied: bool
+    state: str
+    response_id: str | None = None
 
 
 @dataclass
@@ -28,6 +39,10 @@ class AdapterOutcome:
     input_tokens: int | None = None
     output_tokens: int | None = None
     latency_ms: int | None = None
+    # Set when the activity settled the job itself (AdapterCall.settle_success): what the
+    # projection now holds. An attempt retried after its success was committed, but whose
+    # completion Temporal lost, returns the settlement it finds (with no text).
+    settled: SettleResult | None = None
 
 
 @dataclass
@@ -44,13 +59,6 @@ class SettleJob:
     state: str
     error_kind: str | None = None
     error_message: str | None = None
-
-
-@dataclass
-class SettleResult:
-    applied: bool
-    state: str
-    response_id: str | None = None
 
 
 @dataclass

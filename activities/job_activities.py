@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -70,12 +71,17 @@ class JobActivities:
         adapters: AdapterRegistry,
         backoff: BackoffPolicy,
         worker: str | None = None,
+        report_running_after_s: float = 1.0,
     ) -> None:
         self.sessions = sessions
         self.projector = projector
         self.adapters = adapters
         self.backoff = backoff
         self.worker = worker or worker_identity()
+        # An attempt tells its workflow it is running (for the Web UI) only once it has run
+        # this long: each report is a workflow task, and a quick call would pay one for a
+        # state the operator never sees. The projection records `running` at once.
+        self.report_running_after_s = report_running_after_s
 
     @activity.defn(name="call_adapter")
     async def call_adapter(self, call: AdapterCall) -> AdapterOutcome:
@@ -91,11 +97,25 @@ class JobActivities:
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
+        if started.state is JobState.SUCCEEDED and call.settle_success:
+            # An earlier attempt settled the job, but Temporal never heard it complete (its
+            # worker died after the commit): hand back that settlement, change nothing.
+            return await self._settlement(call.job_id, started.attempt)
         if started.state.is_terminal:
             raise ApplicationError(
                 f"job is already {started.state.value}", type=JOB_CLOSED, non_retryable=True
             )
-        await report_to_workflow(AttemptReport(JobState.RUNNING.value, attempt))
+        async with DelayedReport(
+            AttemptReport(JobState.RUNNING.value, attempt), self.report_running_after_s
+        ) as running:
+            outcome = await self._run(call, attempt, running)
+        if not call.settle_success:
+            return outcome
+        settled = await self._settle_success(call.job_id, outcome)
+        # The response text is in the projection now; it need not enter workflow history.
+        return replace(outcome, text="", settled=settled)
+
+    async def _run(self, call: AdapterCall, attempt: int, running: DelayedReport) -> AdapterOutcome:
         job, prompt = await self._load(call.job_id)
         request = AdapterRequest(
             job_id=job.job_id,
@@ -107,7 +127,7 @@ class JobActivities:
         try:
             result = await self._complete(request)
         except AdapterError as err:
-            raise await self._failed_attempt(call, attempt, err) from err
+            raise await self._failed_attempt(call, attempt, err, running) from err
         except asyncio.CancelledError:
             if not cut_off_by_shutdown():
                 raise  # the workflow asked: the job is being cancelled
@@ -118,7 +138,7 @@ class JobActivities:
                 ErrorKind.WORKER_CRASH,
                 f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
             )
-            raise await self._failed_attempt(call, attempt, lost) from None
+            raise await self._failed_attempt(call, attempt, lost, running) from None
         return _outcome(attempt, result)
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:
@@ -148,23 +168,29 @@ class JobActivities:
             )
 
     async def _failed_attempt(
-        self, call: AdapterCall, attempt: int, err: AdapterError
+        self, call: AdapterCall, attempt: int, err: AdapterError, running: DelayedReport
     ) -> ApplicationError:
         """Decide, by the shared policy, whether Temporal retries; record the re-queue."""
         message = err.message
         activity.logger.warning("job %s attempt %d: %s", call.job_id, attempt, message)
         if not err.kind.is_retryable or attempt >= call.max_attempts:
+            # The last attempt: the workflow settles the job, showing this attempt's number.
+            await running.done(send_now=True)
             return adapter_failure(message, err.kind, non_retryable=True)
         delay = self.backoff.delay_s(
             err.kind, attempt, retry_after_s=err.retry_after_s, unit_random=random.random()
         )
         if time.time() + delay >= call.deadline_epoch_s:
+            await running.done(send_now=True)
             return adapter_failure(
                 f"the next attempt would start after the job's hard ceiling; last error "
                 f"({err.kind.value}): {message}",
                 ErrorKind.STUCK,
                 non_retryable=True,
             )
+        # The re-queue report follows the running one if that is on its way, never precedes
+        # it; one not yet sent is dropped.
+        await running.done()
         next_at = datetime.now(UTC) + timedelta(seconds=delay)
         await self.projector.apply(
             Transition(
@@ -187,11 +213,19 @@ class JobActivities:
             assert prompt is not None, job.prompt_id
             return job, prompt
 
+    async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
+        job, _prompt = await self._load(job_id)
+        settled = SettleResult(False, job.state.value, job.response_id)
+        return AdapterOutcome(attempt, "", "", "", settled=settled)
+
     @activity.defn(name="finalize_success")
     async def finalize_success(self, final: FinalizeSuccess) -> SettleResult:
-        """Persist the response and mark the job succeeded, if the attempt is still current."""
-        outcome = final.outcome
-        job, _prompt = await self._load(final.job_id)
+        """Persist the response and mark the job succeeded, if the attempt is still current.
+        (Workflows started before the patch `settle-success-in-call` only.)"""
+        return await self._settle_success(final.job_id, final.outcome)
+
+    async def _settle_success(self, job_id: str, outcome: AdapterOutcome) -> SettleResult:
+        job, _prompt = await self._load(job_id)
         response_id = response_id_for(job.prompt_id, outcome.provider_request_id, job.job_id)
         record = ResponseRecord(
             text=outcome.text,
@@ -203,7 +237,7 @@ class JobActivities:
             output_tokens=outcome.output_tokens,
             latency_ms=outcome.latency_ms,
         )
-        result = await self.projector.succeed(final.job_id, outcome.attempt, response_id, record)
+        result = await self.projector.succeed(job_id, outcome.attempt, response_id, record)
         kept = result.state is JobState.SUCCEEDED
         return SettleResult(result.applied, result.state.value, response_id if kept else None)
 
@@ -218,6 +252,46 @@ class JobActivities:
             )
         )
         return SettleResult(result.applied, result.state.value)
+
+
+class DelayedReport:
+    """Sends `report` to the workflow after `after_s`, unless the attempt is done by then.
+
+    `done()` settles it before a later report goes out: a report not yet begun is dropped (or
+    sent at once, with `send_now`), one already on its way is waited for, so the later report
+    is never overtaken.
+    """
+
+    def __init__(self, report: AttemptReport, after_s: float) -> None:
+        self.report = report
+        self.after_s = after_s
+        self._sending = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DelayedReport:
+        self._task = asyncio.create_task(self._send_later())
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.done()
+
+    async def _send_later(self) -> None:
+        await asyncio.sleep(self.after_s)
+        self._sending = True
+        await report_to_workflow(self.report)
+
+    async def done(self, *, send_now: bool = False) -> None:
+        if self._task is None:
+            return
+        if not self._sending:
+            self._task.cancel()
+            if send_now:
+                self._sending = True
+                self._task = asyncio.create_task(report_to_workflow(self.report))
+        # wait(), not await: our own cancellation must still reach us, the task's must not.
+        await asyncio.wait([self._task])
+        if not self._task.cancelled() and (error := self._task.exception()) is not None:
+            activity.logger.warning("could not report attempt to its workflow: %r", error)
 
 
 async def report_to_workflow(report: AttemptReport) -> None:

@@ -22,7 +22,8 @@ from projections.models import Job
 from projections.projector import Transition
 from projections.states import JobState
 from projections.store import JobStore
-from workflows.prompt_job import PromptJobInput, PromptJobWorkflow, initial_search_attributes
+from workflows.contracts import PromptJobInput
+from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 
 log = logging.getLogger("promptjobs.dispatch")
 

@@ -131,7 +131,11 @@ def build_worker(
     settings: Settings, client: Client, projection: Projection, adapters: AdapterRegistry
 ) -> Worker:
     activities = JobActivities(
-        projection.sessions, projection.projector, adapters, settings.backoff
+        projection.sessions,
+        projection.projector,
+        adapters,
+        settings.backoff,
+        report_running_after_s=settings.worker_report_running_after_s,
     )
     return Worker(
         client,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import NON_RETRYABLE_TYPES, ErrorKind
     from activities.job_activities import JobActivities
     from workflows import search_attributes as sa
+    from workflows.contracts import PromptJobInput, PromptJobResult
 
 # Projection writes are short and must land: retry them until they do.
 PROJECTION_RETRY = RetryPolicy(
@@ -45,28 +45,9 @@ PROJECTION_TIMEOUT = timedelta(seconds=30)
 
 KINDS = frozenset(kind.value for kind in ErrorKind)
 
-
-@dataclass
-class PromptJobInput:
-    job_id: str
-    prompt_id: str
-    org: str
-    max_attempts: int
-    priority: int = 50
-    # The hard ceiling: past it the job fails as `stuck`.
-    ceiling_s: float = 900.0
-    # One adapter call's limit, beyond the adapter's own timeout.
-    attempt_timeout_s: float = 300.0
-    # A worker silent for this long is presumed dead and the attempt runs elsewhere.
-    heartbeat_timeout_s: float = 10.0
-
-
-@dataclass
-class PromptJobResult:
-    job_id: str
-    state: str
-    response_id: str | None = None
-    error_kind: str | None = None
+# Since this patch the adapter call settles a success itself (one activity per job, not two);
+# histories recorded before it call finalize_success (docs/workflow-versioning.md).
+SETTLE_SUCCESS_IN_CALL = "settle-success-in-call"
 
 
 def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
@@ -89,8 +70,9 @@ class PromptJobWorkflow:
 
     @workflow.run
     async def run(self, job: PromptJobInput) -> PromptJobResult:
+        settle_in_call = workflow.patched(SETTLE_SUCCESS_IN_CALL)
         try:
-            outcome = await self._call_adapter(job)
+            outcome = await self._call_adapter(job, settle_in_call)
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # The workflow was cancelled; the activity's cancellation surfaces here.
@@ -103,6 +85,8 @@ class PromptJobWorkflow:
         except asyncio.CancelledError:
             await self._cancel(job)
             raise
+        if outcome.settled is not None:
+            return self._succeeded(job, outcome, outcome.settled)
         try:
             return await self._succeed(job, outcome)
         except asyncio.CancelledError:
@@ -128,11 +112,11 @@ class PromptJobWorkflow:
         details = f"{state}, attempt {self._attempt}"
         workflow.set_current_details(details + (f", last error {error_kind}" if error_kind else ""))
 
-    async def _call_adapter(self, job: PromptJobInput) -> AdapterOutcome:
+    async def _call_adapter(self, job: PromptJobInput, settle_success: bool) -> AdapterOutcome:
         deadline = workflow.now() + timedelta(seconds=job.ceiling_s)
         return await workflow.execute_activity_method(
             JobActivities.call_adapter,
-            AdapterCall(job.job_id, job.max_attempts, deadline.timestamp()),
+            AdapterCall(job.job_id, job.max_attempts, deadline.timestamp(), settle_success),
             schedule_to_close_timeout=timedelta(seconds=job.ceiling_s),
             start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),
             heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
@@ -153,6 +137,11 @@ class PromptJobWorkflow:
             start_to_close_timeout=PROJECTION_TIMEOUT,
             retry_policy=PROJECTION_RETRY,
         )
+        return self._succeeded(job, outcome, settled)
+
+    def _succeeded(
+        self, job: PromptJobInput, outcome: AdapterOutcome, settled: SettleResult
+    ) -> PromptJobResult:
         self._attempt = max(self._attempt, outcome.attempt)
         self._show(settled.state)
         return PromptJobResult(job.job_id, settled.state, settled.response_id)

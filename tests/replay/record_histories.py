@@ -27,7 +27,7 @@ from tests.integration.processes import process_env, promptjobs_process, tempora
 from workflows import search_attributes
 
 HISTORIES = Path(__file__).parent / "histories"
-VERSION = "v1"
+VERSION = "v2"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
 

@@ -20,7 +20,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from tests.conftest import Stack
-from workflows.prompt_job import PromptJobInput, PromptJobResult, PromptJobWorkflow
+from workflows.contracts import PromptJobInput, PromptJobResult
+from workflows.prompt_job import PromptJobWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 PATHS = {

@@ -18,7 +18,8 @@ from projections.store import Scope, Submission
 from promptjobs.runtime import Projection, build_dispatcher, open_projection
 from promptjobs.settings import Settings
 from tests.conftest import make_settings, new_worker
-from workflows.prompt_job import PromptJobResult, PromptJobWorkflow
+from workflows.contracts import PromptJobResult
+from workflows.prompt_job import PromptJobWorkflow
 
 OWNER = Scope("acme", "alice", "member")
 

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
+from temporalio.testing import ActivityEnvironment
 
 from activities.adapters.fake import fake_output
+from activities.contracts import AdapterCall, SettleResult
+from activities.job_activities import JobActivities
 from projections.models import Response
+from promptjobs.runtime import build_adapters
 from tests.conftest import eventually
 from tests.workflow.conftest import OWNER, Harness
 
@@ -149,15 +157,71 @@ async def test_search_attributes_follow_the_job(harness: Harness) -> None:
     async with harness.worker():
         handle = await harness.start(job)
         await harness.result(handle)
-        described = await handle.describe()
-    attributes = {
-        k.name: v for k, v in ((pair.key, pair.value) for pair in described.typed_search_attributes)
-    }
+        attributes = await _attributes(handle)
     assert attributes["PromptJobState"] == "failed"
     assert attributes["PromptJobErrorKind"] == "auth"
     assert attributes["PromptJobAttempt"] == 2
     assert attributes["PromptJobOrg"] == "acme"
     assert attributes["PromptJobPromptId"] == job.prompt_id
+
+
+async def test_a_quick_job_costs_one_activity_and_no_signal(harness: Harness) -> None:
+    # The adapter call settles the success itself, and an attempt reports `running` to its
+    # workflow only after a second: a quick job is one activity and two workflow tasks.
+    job = await harness.submit("Write a haiku")
+    async with harness.worker():
+        handle = await harness.start(job)
+        result = await harness.result(handle)
+    row = await harness.job(job.job_id)
+    assert (result.state, result.response_id) == ("succeeded", row.response_id)
+    history = await handle.fetch_history()
+    types = [EventType.Name(event.event_type) for event in history.events]
+    assert types.count("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED") == 1
+    assert "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED" not in types
+    # The response text lives in the projection only, not in workflow history.
+    recorded = b"".join(event.SerializeToString() for event in history.events)
+    assert fake_output("Write a haiku").encode() not in recorded
+    assert (await _attributes(handle))["PromptJobState"] == "succeeded"
+
+
+async def test_a_long_call_shows_running_to_operators(harness: Harness) -> None:
+    job = await harness.submit(fake={"latency_ms": 3000})
+    async with harness.worker():
+        handle = await harness.start(job)
+        await eventually(
+            lambda: _attributes(handle), lambda a: a.get("PromptJobState") == "running"
+        )
+        assert (await harness.result(handle)).state == "succeeded"
+
+
+async def test_an_attempt_retried_after_its_success_hands_back_the_settlement(
+    harness: Harness,
+) -> None:
+    # The worker committed the success and died before Temporal heard the attempt complete:
+    # Temporal retries it, and the retry must neither call the provider again nor change
+    # the job.
+    job = await harness.submit()
+    async with harness.worker():
+        first = await harness.run(job)
+    states = await harness.states(job.job_id)
+    activities = JobActivities(
+        harness.projection.sessions,
+        harness.projection.projector,
+        build_adapters(harness.settings),
+        harness.settings.backoff,
+    )
+    env = ActivityEnvironment()
+    env.info = replace(env.info, attempt=2)
+    call = AdapterCall(job.job_id, 3, time.time() + 60, settle_success=True)
+    outcome = await env.run(activities.call_adapter, call)
+    assert outcome.settled == SettleResult(False, "succeeded", first.response_id)
+    assert await harness.states(job.job_id) == states
+    assert (await harness.job(job.job_id)).attempt == 1
+
+
+async def _attributes(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
+    described = await handle.describe()
+    return {pair.key.name: pair.value for pair in described.typed_search_attributes}
 
 
 def _at(value: object) -> datetime:

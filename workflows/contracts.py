@@ -1,0 +1,34 @@
+"""The dataclasses that cross Temporal between the job's starter (the API) and PromptJobWorkflow.
+
+They live outside workflows/prompt_job.py so that the workflow sandbox passes them through
+instead of re-creating them for every workflow run (building a dataclass is not cheap, and
+the sandbox re-imports the workflow's own module per run). Add fields only with defaults:
+recorded histories carry the old shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PromptJobInput:
+    job_id: str
+    prompt_id: str
+    org: str
+    max_attempts: int
+    priority: int = 50
+    # The hard ceiling: past it the job fails as `stuck`.
+    ceiling_s: float = 900.0
+    # One adapter call's limit, beyond the adapter's own timeout.
+    attempt_timeout_s: float = 300.0
+    # A worker silent for this long is presumed dead and the attempt runs elsewhere.
+    heartbeat_timeout_s: float = 10.0
+
+
+@dataclass
+class PromptJobResult:
+    job_id: str
+    state: str
+    response_id: str | None = None
+    error_kind: str | None = None
