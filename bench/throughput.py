@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
@@ -15,6 +17,9 @@ from bench.bare import BareWorkflow
 from bench.harness import (
     Report,
     dev_temporal,
+    ms,
+    percentile,
+    pg_database,
     scratch,
     service,
     submit_many,
@@ -24,6 +29,8 @@ from bench.harness import (
 )
 
 JOBS = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+# `postgresql` as the second argument: the projection on PostgreSQL instead of SQLite.
+BACKEND = sys.argv[2] if len(sys.argv) > 2 else "sqlite"
 CONCURRENCY = 32
 TIMEOUT_S = 600
 
@@ -58,15 +65,24 @@ async def bare_temporal(env: WorkflowEnvironment) -> float:
         worker.wait(timeout=30)
 
 
-async def promptjobs(env: WorkflowEnvironment, data_dir: Path) -> tuple[float, dict[str, int]]:
-    """Seconds from the first POST /v1/prompts to the last job succeeded, one worker process."""
-    async with service(target(env), data_dir) as (svc, projection, http):  # type: ignore[arg-type]
+@dataclass
+class Run:
+    seconds: float  # first POST /v1/prompts → last job settled
+    accepted_s: float  # first POST → last 202
+    submit_latencies: list[float]
+    counts: dict[str, int]
+
+
+async def promptjobs(env: WorkflowEnvironment, data_dir: Path, **overrides: object) -> Run:
+    """From the first POST /v1/prompts to the last job succeeded, one worker process."""
+    async with service(target(env), data_dir, **overrides) as (svc, projection, http):  # type: ignore[arg-type]
         svc.spawn("worker")
         await wait_for_pollers(env, svc.settings.temporal_task_queue)
         began = time.monotonic()
-        await submit_many(http, JOBS, CONCURRENCY, {})
+        latencies = await submit_many(http, JOBS, CONCURRENCY, {})
+        accepted = time.monotonic()
         done, counts = await wait_settled(projection, JOBS, TIMEOUT_S)
-        return done - began, counts
+        return Run(done - began, accepted - began, latencies, counts)
 
 
 async def main() -> Report:
@@ -76,22 +92,32 @@ async def main() -> Report:
             "jobs": f"{JOBS}, submitted with {CONCURRENCY} in flight",
             "adapter": "fake, no latency",
             "promptjobs": "POST /v1/prompts over HTTP to a `promptjobs api` process → succeeded "
-            "in the SQLite projection; one `promptjobs worker` process",
+            f"in the {BACKEND} projection; one `promptjobs worker` process",
             "bare Temporal": "client.start_workflow of a one-activity workflow, "
             f"{CONCURRENCY} in flight, one worker process, until every result",
             "Temporal": "one dev server on disk (WAL pragmas) for both, bare first",
         },
     )
     report.start()
-    with scratch() as data_dir:
+    with scratch() as data_dir, contextlib.ExitStack() as stack:
+        overrides: dict[str, object] = {}
+        if BACKEND == "postgresql":
+            overrides["database_url"] = stack.enter_context(pg_database())
         async with dev_temporal(data_dir) as env:
             bare_s = await bare_temporal(env)
             report.add("bare Temporal", f"{JOBS / bare_s:.1f} jobs/s ({bare_s:.1f} s)")
-            ours_s, counts = await promptjobs(env, data_dir)
+            run = await promptjobs(env, data_dir, **overrides)
+            ours_s, counts = run.seconds, run.counts
             ok = counts.get("succeeded", 0)
             report.add(
                 "promptjobs (succeeded/s until all settled)",
                 f"{ok / ours_s:.1f} jobs/s ({ours_s:.1f} s)",
+            )
+            report.add(
+                "promptjobs submissions (all accepted; latency while running)",
+                f"{JOBS / run.accepted_s:.1f}/s ({run.accepted_s:.1f} s); "
+                f"p50 {ms(percentile(run.submit_latencies, 50))}, "
+                f"p99 {ms(percentile(run.submit_latencies, 99))}",
             )
             report.add(
                 "promptjobs final states",
