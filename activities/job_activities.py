@@ -108,14 +108,17 @@ class JobActivities:
         async with DelayedReport(
             AttemptReport(JobState.RUNNING.value, attempt), self.report_running_after_s
         ) as running:
-            outcome = await self._run(call, attempt, running)
+            prompt_id, outcome = await self._run(call, attempt, running)
         if not call.settle_success:
             return outcome
-        settled = await self._settle_success(call.job_id, outcome)
+        settled = await self._settle_success(call.job_id, prompt_id, outcome)
         # The response text is in the projection now; it need not enter workflow history.
         return replace(outcome, text="", settled=settled)
 
-    async def _run(self, call: AdapterCall, attempt: int, running: DelayedReport) -> AdapterOutcome:
+    async def _run(
+        self, call: AdapterCall, attempt: int, running: DelayedReport
+    ) -> tuple[str, AdapterOutcome]:
+        """The adapter call: (the job's prompt id, what the provider answered)."""
         job, prompt = await self._load(call.job_id)
         request = AdapterRequest(
             job_id=job.job_id,
@@ -139,7 +142,7 @@ class JobActivities:
                 f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
             )
             raise await self._failed_attempt(call, attempt, lost, running) from None
-        return _outcome(attempt, result)
+        return prompt.prompt_id, _outcome(attempt, result)
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:
         provider = self.adapters.provider_of(request.options)
@@ -222,11 +225,13 @@ class JobActivities:
     async def finalize_success(self, final: FinalizeSuccess) -> SettleResult:
         """Persist the response and mark the job succeeded, if the attempt is still current.
         (Workflows started before the patch `settle-success-in-call` only.)"""
-        return await self._settle_success(final.job_id, final.outcome)
+        job, _prompt = await self._load(final.job_id)
+        return await self._settle_success(final.job_id, job.prompt_id, final.outcome)
 
-    async def _settle_success(self, job_id: str, outcome: AdapterOutcome) -> SettleResult:
-        job, _prompt = await self._load(job_id)
-        response_id = response_id_for(job.prompt_id, outcome.provider_request_id, job.job_id)
+    async def _settle_success(
+        self, job_id: str, prompt_id: str, outcome: AdapterOutcome
+    ) -> SettleResult:
+        response_id = response_id_for(prompt_id, outcome.provider_request_id, job_id)
         record = ResponseRecord(
             text=outcome.text,
             provider=outcome.provider,

@@ -6,10 +6,10 @@ import asyncio
 import fcntl
 import os
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -178,3 +178,75 @@ def migrate(url: str) -> None:
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
     command.upgrade(alembic_config(url), "head")
+
+
+T = TypeVar("T")
+Write = Callable[[AsyncSession], Awaitable[T]]
+
+
+class GroupCommit:
+    """Writes that queue up while one transaction is open commit together in the next.
+
+    The projection has one writer at a time (SQLite's lock; on PostgreSQL the event-log
+    lock), and under load a transaction's BEGIN, COMMIT and write turn cost as much as its
+    statements. A busy worker has hundreds of attempts waiting to write; here they share
+    transactions, up to `max_batch` at a time. Each caller returns once the commit that holds
+    its write is done. If any write of a batch raises, the batch is rolled back and its
+    writes are run again one transaction each, so one failure reaches only its own caller.
+    A write whose caller gave up (cancelled) before its turn is not run; once run, it may
+    commit after its caller has left, so writes must be safe to repeat (the projector's are).
+    """
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], max_batch: int = 64) -> None:
+        self.sessions = sessions
+        self.max_batch = max_batch
+        self._queue: list[tuple[Write[Any], asyncio.Future[Any]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def run(self, write: Write[T]) -> T:
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.append((write, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        batch: list[tuple[Write[Any], asyncio.Future[Any]]] = []
+        try:
+            while self._queue:
+                batch = [item for item in self._queue[: self.max_batch] if not item[1].done()]
+                del self._queue[: self.max_batch]
+                if len(batch) > 1 and await self._together(batch):
+                    continue
+                for write, future in batch:
+                    await self._alone(write, future)
+        finally:
+            # Cancelled (the process is stopping): no caller is left waiting for ever.
+            for _write, future in batch + self._queue:
+                future.cancel()
+
+    async def _together(self, batch: list[tuple[Write[Any], asyncio.Future[Any]]]) -> bool:
+        results: list[Any] = []
+        try:
+            async with transaction(self.sessions) as session:
+                for write, _future in batch:
+                    results.append(await write(session))
+        except Exception:
+            return False  # run them one by one: only the failing write's caller hears of it
+        for (_write, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+        return True
+
+    async def _alone(self, write: Write[Any], future: asyncio.Future[Any]) -> None:
+        if future.done():
+            return
+        try:
+            async with transaction(self.sessions) as session:
+                result = await write(session)
+        except Exception as err:
+            if not future.done():
+                future.set_exception(err)
+            return
+        if not future.done():
+            future.set_result(result)

@@ -11,7 +11,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections import metrics
-from projections.db import transaction
+from projections.db import GroupCommit
 from projections.models import Job, JobEvent, Response
 from projections.notifications import notify_event
 from projections.states import JobState, is_allowed, progress_rank
@@ -176,6 +176,8 @@ class Projector:
     ) -> None:
         self.sessions = sessions
         self.on_commit = on_commit
+        # Shared by every writer in this process (the job store's submits too).
+        self.writes = GroupCommit(sessions)
 
     def _committed(self, result: Applied) -> Applied:
         if result.event_ids and self.on_commit is not None:
@@ -183,18 +185,20 @@ class Projector:
         return result
 
     async def apply(self, t: Transition) -> Applied:
-        async with transaction(self.sessions) as session:
+        async def write(session: AsyncSession) -> Applied:
             job = await load_for_update(session, t.job_id)
             if job is None:
                 raise LookupError(f"no job {t.job_id}")
-            result = await apply_in(session, job, t)
-        return self._committed(result)
+            return await apply_in(session, job, t)
+
+        return self._committed(await self.writes.run(write))
 
     async def start_attempt(self, job_id: str, attempt: int, worker: str) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
         worker_crash before starting this one."""
-        async with transaction(self.sessions) as session:
+
+        async def write(session: AsyncSession) -> Applied:
             job = await load_for_update(session, job_id)
             now = utcnow()  # under the lock: timestamps follow event order
             if job is None:
@@ -217,14 +221,17 @@ class Projector:
                 session, job, Transition(job_id, JobState.RUNNING, attempt, worker=worker), now
             )
             result.event_ids = events + result.event_ids
-        return self._committed(result)
+            return result
+
+        return self._committed(await self.writes.run(write))
 
     async def succeed(
         self, job_id: str, attempt: int, response_id: str, response: ResponseRecord
     ) -> Applied:
         """Persist the response and settle the job, only if this attempt is still the job's.
         A response for a cancelled job, or from an attempt presumed dead, is discarded."""
-        async with transaction(self.sessions) as session:
+
+        async def write(session: AsyncSession) -> Applied:
             job = await load_for_update(session, job_id)
             now = utcnow()  # under the lock: timestamps follow event order
             if job is None:
@@ -254,8 +261,9 @@ class Projector:
                         **response.__dict__,
                     )
                 )
-            result = await apply_in(session, job, t, now)
-        return self._committed(result)
+            return await apply_in(session, job, t, now)
+
+        return self._committed(await self.writes.run(write))
 
 
 async def apply_in(

@@ -142,28 +142,33 @@ class JobStore:
             replay = await self._idempotent_replay(scope, submission.idempotency_key, fingerprint)
             if replay is not None:
                 return replay
-        prompt = Prompt(
-            prompt_id=new_prompt_id(),
-            org=scope.org,
-            author=scope.user,
-            text=submission.text,
-            options=submission.options,
-            parent_id=submission.parent_id,
-            correlation_id=submission.correlation_id,
-            idempotency_key=submission.idempotency_key,
-            request_hash=fingerprint,
-        )
+
+        async def write(session: AsyncSession) -> Accepted:
+            await lock_event_log(session)
+            now = utcnow()  # under the lock: timestamps follow event order
+            prompt = Prompt(
+                prompt_id=new_prompt_id(),
+                org=scope.org,
+                author=scope.user,
+                text=submission.text,
+                options=submission.options,
+                parent_id=submission.parent_id,
+                correlation_id=submission.correlation_id,
+                idempotency_key=submission.idempotency_key,
+                request_hash=fingerprint,
+                created_at=now,
+            )
+            session.add(prompt)
+            await session.flush()
+            job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
+            job.scheduled_for = submission.scheduled_for
+            session.add(job)
+            await append_event(session, job, now)
+            return Accepted(prompt, job, created=True)
+
         try:
-            async with transaction(self.sessions) as session:
-                await lock_event_log(session)
-                now = utcnow()  # under the lock: timestamps follow event order
-                prompt.created_at = now
-                session.add(prompt)
-                await session.flush()
-                job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
-                job.scheduled_for = submission.scheduled_for
-                session.add(job)
-                await append_event(session, job, now)
+            # Concurrent submits share a transaction (GroupCommit); each returns after its commit.
+            accepted = await self.projector.writes.run(write)
         except IntegrityError:
             # A concurrent request with the same Idempotency-Key won the race.
             if submission.idempotency_key is None:
@@ -173,7 +178,7 @@ class JobStore:
                 raise
             return replay
         self._notify()
-        return Accepted(prompt, job, created=True)
+        return accepted
 
     async def _idempotent_replay(self, scope: Scope, key: str, fingerprint: str) -> Accepted | None:
         async with self.sessions() as session:

@@ -1,0 +1,85 @@
+"""Concurrent projection writes share transactions; each caller still hears only of its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from projections.db import GroupCommit
+from projections.projector import Transition
+from projections.states import JobState
+from projections.store import Scope, Submission
+from promptjobs.runtime import Projection
+
+ALICE = Scope("acme", "alice", "member")
+
+
+async def test_concurrent_submits_share_commits_and_all_land(projection: Projection) -> None:
+    sessions: list[int] = []
+    writes = projection.projector.writes
+    run = writes.run
+
+    async def counting(write):  # type: ignore[no-untyped-def]
+        async def wrapped(session: AsyncSession):  # type: ignore[no-untyped-def]
+            sessions.append(id(session))
+            return await write(session)
+
+        return await run(wrapped)
+
+    writes.run = counting  # type: ignore[method-assign]
+    accepted = await asyncio.gather(
+        *(projection.store.submit(ALICE, Submission(f"p{i}", 50, 3, {})) for i in range(40))
+    )
+    assert len(sessions) == 40
+    assert len(set(sessions)) < 40  # fewer transactions than submits
+    page = await projection.store.undispatched()
+    assert sorted(job.job_id for job in page) == sorted(a.job.job_id for a in accepted)
+
+
+async def test_a_failing_write_reaches_only_its_caller(projection: Projection) -> None:
+    jobs = [
+        (await projection.store.submit(ALICE, Submission(f"p{i}", 50, 3, {}))).job.job_id
+        for i in range(5)
+    ]
+    starts = [projection.projector.start_attempt(job_id, 1, "w1") for job_id in jobs]
+    results = await asyncio.gather(
+        *starts[:2],
+        projection.projector.apply(Transition("job_missing", JobState.CANCELLED)),
+        *starts[2:],
+        return_exceptions=True,
+    )
+    assert isinstance(results[2], LookupError)
+    assert [r.state for r in results if not isinstance(r, BaseException)] == [JobState.RUNNING] * 5
+    for job_id in jobs:
+        assert (await projection.store.job(ALICE, job_id)).state is JobState.RUNNING
+
+
+async def test_a_write_whose_caller_left_before_its_turn_is_not_run(
+    projection: Projection,
+) -> None:
+    writes = GroupCommit(projection.sessions)
+    ran: list[str] = []
+    first_holds = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(session: AsyncSession) -> None:
+        ran.append("first")
+        first_holds.set()
+        await release.wait()
+
+    async def second(session: AsyncSession) -> None:
+        ran.append("second")
+
+    first = asyncio.create_task(writes.run(slow))
+    await first_holds.wait()
+    waiting = asyncio.create_task(writes.run(second))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    release.set()
+    await first
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await asyncio.sleep(0.05)
+    assert ran == ["first"]
