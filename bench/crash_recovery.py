@@ -56,9 +56,9 @@ async def main() -> Report:
             "heartbeat timeouts": f"{HEARTBEATS_S} s (PROMPTJOBS_HEARTBEAT_TIMEOUT_S)",
             "trials": f"{TRIALS} per timeout",
             "adapter": f"fake, latency_ms={LATENCY_MS}",
-            "method": "job running on worker A (a `promptjobs worker` process), worker B "
-            "polling too; SIGKILL A; clock from the kill to the row showing attempt 2 "
-            "running, and to succeeded",
+            "method": "two `promptjobs worker` processes polling; SIGKILL the one the row "
+            "names as running the job, as soon as it shows running; clock from the kill to "
+            "the row showing attempt 2 running, and to succeeded",
         },
     )
     report.start()
@@ -73,8 +73,8 @@ async def main() -> Report:
                         projection,
                         http,
                     ):
-                        first = svc.spawn("worker")
-                        await wait_for_pollers(env, svc.settings.temporal_task_queue)
+                        workers = {w.pid: w for w in (svc.spawn("worker"), svc.spawn("worker"))}
+                        await wait_for_pollers(env, svc.settings.temporal_task_queue, count=2)
                         accepted = await http.post(
                             "/v1/prompts",
                             json={
@@ -84,10 +84,9 @@ async def main() -> Report:
                         )
                         job_id = accepted.json()["job_id"]
                         await until(projection, job_id, "running", 1)
-                        svc.spawn("worker")
-                        # B is up once it polls too; A holds the job meanwhile.
-                        await wait_for_pollers(env, svc.settings.temporal_task_queue, count=2)
-                        first.send_signal(signal.SIGKILL)
+                        # Kill the worker the row names (host:pid) mid-call; the other is up.
+                        holder = (await row(projection, job_id)).worker or ""
+                        workers[int(holder.rsplit(":", 1)[1])].send_signal(signal.SIGKILL)
                         killed = time.monotonic()
                         running = await until(projection, job_id, "running", 2)
                         succeeded = await until(projection, job_id, "succeeded", 2)
@@ -101,7 +100,7 @@ async def main() -> Report:
                             f"heartbeat {heartbeat:.0f} s, trial {trial + 1}: kill → succeeded",
                             f"{succeeded - killed:.1f} s "
                             f"(attempt {(await row(projection, job_id)).attempt}; "
-                            f"{stalls} workflow task(s) timed out on A's sticky queue)",
+                            f"{stalls} workflow task(s) timed out on the dead worker's sticky queue)",
                         )
     return report
 
