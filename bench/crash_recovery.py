@@ -100,7 +100,8 @@ async def main() -> Report:
                             f"heartbeat {heartbeat:.0f} s, trial {trial + 1}: kill → succeeded",
                             f"{succeeded - killed:.1f} s "
                             f"(attempt {(await row(projection, job_id)).attempt}; "
-                            f"{stalls} workflow task(s) timed out on the dead worker's sticky queue)",
+                            f"{stalls} workflow task(s) timed out on the dead worker's "
+                            "sticky queue)",
                         )
     return report
 
