@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -190,16 +191,24 @@ class GroupCommit:
     The projection has one writer at a time (SQLite's lock; on PostgreSQL the event-log
     lock), and under load a transaction's BEGIN, COMMIT and write turn cost as much as its
     statements. A busy worker has hundreds of attempts waiting to write; here they share
-    transactions, up to `max_batch` at a time. Each caller returns once the commit that holds
-    its write is done. If any write of a batch raises, the batch is rolled back and its
-    writes are run again one transaction each, so one failure reaches only its own caller.
+    transactions, up to `max_batch` writes or `max_hold_s` of holding the write lock, so that
+    another process (the API, submitting) never waits long for its turn. Each caller returns
+    once the commit that holds its write is done. If any write of a batch raises, the batch
+    is rolled back and its writes are run again one transaction each, so one failure reaches
+    only its own caller.
     A write whose caller gave up (cancelled) before its turn is not run; once run, it may
     commit after its caller has left, so writes must be safe to repeat (the projector's are).
     """
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], max_batch: int = 64) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        max_batch: int = 64,
+        max_hold_s: float = 0.025,
+    ) -> None:
         self.sessions = sessions
         self.max_batch = max_batch
+        self.max_hold_s = max_hold_s
         self._queue: list[tuple[Write[Any], asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
 
@@ -216,8 +225,12 @@ class GroupCommit:
             while self._queue:
                 batch = [item for item in self._queue[: self.max_batch] if not item[1].done()]
                 del self._queue[: self.max_batch]
-                if len(batch) > 1 and await self._together(batch):
-                    continue
+                if len(batch) > 1:
+                    committed = await self._together(batch)
+                    if committed is not None:
+                        # The writes the time budget left out go first in the next one.
+                        self._queue[:0] = batch[committed:]
+                        continue
                 for write, future in batch:
                     await self._alone(write, future)
         finally:
@@ -225,18 +238,23 @@ class GroupCommit:
             for _write, future in batch + self._queue:
                 future.cancel()
 
-    async def _together(self, batch: list[tuple[Write[Any], asyncio.Future[Any]]]) -> bool:
+    async def _together(self, batch: list[tuple[Write[Any], asyncio.Future[Any]]]) -> int | None:
+        """Commit the batch's first writes in one transaction: how many, or None if one
+        raised (and nothing was committed)."""
         results: list[Any] = []
         try:
             async with transaction(self.sessions) as session:
+                began = time.monotonic()
                 for write, _future in batch:
                     results.append(await write(session))
+                    if time.monotonic() - began >= self.max_hold_s:
+                        break
         except Exception:
-            return False  # run them one by one: only the failing write's caller hears of it
-        for (_write, future), result in zip(batch, results, strict=True):
+            return None  # run them one by one: only the failing write's caller hears of it
+        for (_write, future), result in zip(batch, results, strict=False):
             if not future.done():
                 future.set_result(result)
-        return True
+        return len(results)
 
     async def _alone(self, write: Write[Any], future: asyncio.Future[Any]) -> None:
         if future.done():
