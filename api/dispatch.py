@@ -39,43 +39,6 @@ class TemporalUnreachable(Exception):
     dispatcher delivers it once Temporal is back."""
 
 
-class BatchedWrite:
-    """Ids from concurrent callers go into one write; each caller returns once the write that
-    holds its id has committed (or raises its error). Under a burst of submissions this is
-    one `mark_dispatched` transaction per batch instead of one per started workflow: every
-    projection write queues on the same lock, so fewer writes is lower submit latency."""
-
-    def __init__(self, write: Callable[[list[str]], Awaitable[None]]) -> None:
-        self._write = write
-        self._ids: list[str] = []
-        self._written: asyncio.Future[None] | None = None
-        self._writer: asyncio.Task[None] | None = None
-
-    async def add(self, ident: str) -> None:
-        if self._written is None:
-            self._written = asyncio.get_running_loop().create_future()
-            # Retrieved here too, so a batch whose callers all left logs no "never retrieved".
-            self._written.add_done_callback(lambda f: f.cancelled() or f.exception())
-        written = self._written
-        self._ids.append(ident)
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain())
-        await asyncio.shield(written)
-
-    async def _drain(self) -> None:
-        # The ids that arrive while one batch is written form the next.
-        while self._ids:
-            ids, written = self._ids, self._written
-            self._ids, self._written = [], None
-            assert written is not None
-            try:
-                await self._write(ids)
-            except Exception as err:
-                written.set_exception(err)
-            else:
-                written.set_result(None)
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -100,7 +63,6 @@ class Dispatcher:
         self.reconcile_interval_s = reconcile_interval_s
         self.reconcile_grace_s = reconcile_grace_s
         self._background: set[asyncio.Task[None]] = set()
-        self._dispatched = BatchedWrite(store.mark_dispatched)
         self.temporal_reachable: bool | None = None
 
     # -- the request path hands work over without waiting --------------------------------
@@ -187,7 +149,7 @@ class Dispatcher:
         except WorkflowAlreadyStartedError:
             pass
         self.temporal_reachable = True
-        await self._dispatched.add(job.job_id)
+        await self.store.mark_dispatched([job.job_id])
 
     async def deliver_cancel(self, job_id: str) -> None:
         try:

@@ -266,13 +266,17 @@ class JobStore:
         return job, needs_workflow
 
     async def mark_dispatched(self, job_ids: list[str]) -> None:
-        """Note that these jobs' workflows are started; one write for many."""
-        async with transaction(self.sessions) as session:
+        """Note that these jobs' workflows are started. A burst of starts shares transactions
+        (GroupCommit) with each other and with the submits."""
+
+        async def write(session: AsyncSession) -> None:
             await session.execute(
                 update(Job)
                 .where(Job.job_id.in_(job_ids), Job.dispatched_at.is_(None))
                 .values(dispatched_at=utcnow())
             )
+
+        await self.projector.writes.run(write)
 
     async def mark_undispatched(self, job_id: str) -> None:
         async with transaction(self.sessions) as session:

@@ -83,3 +83,12 @@ async def test_a_write_whose_caller_left_before_its_turn_is_not_run(
         await waiting
     await asyncio.sleep(0.05)
     assert ran == ["first"]
+
+
+async def test_a_burst_of_dispatch_marks_all_land(projection: Projection) -> None:
+    store = projection.store
+    jobs = [
+        (await store.submit(ALICE, Submission(f"p{i}", 50, 3, {}))).job.job_id for i in range(40)
+    ]
+    await asyncio.gather(*(store.mark_dispatched([job_id]) for job_id in jobs))
+    assert await store.undispatched() == []
