@@ -87,7 +87,8 @@ class JobActivities:
     async def call_adapter(self, call: AdapterCall) -> AdapterOutcome:
         """One attempt. Temporal runs the attempts; each reports its start and its failure to
         the projector so clients see running → queued → running with the error and the time
-        of the next attempt. The workflow settles the job."""
+        of the next attempt. A success the attempt settles itself (`call.settle_success`, set
+        by workflows since the patch settle-success-in-call); failures the workflow settles."""
         timeout = activity.info().heartbeat_timeout or timedelta(seconds=10)
         # Heartbeat through the whole attempt, its projection writes included: under load a
         # write may wait on the event-log lock for longer than the heartbeat timeout, and a
