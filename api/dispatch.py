@@ -149,7 +149,7 @@ class Dispatcher:
         except WorkflowAlreadyStartedError:
             pass
         self.temporal_reachable = True
-        await self.store.mark_dispatched([job.job_id])
+        await self.store.mark_dispatched(job.job_id)
 
     async def deliver_cancel(self, job_id: str) -> None:
         try:

@@ -265,14 +265,14 @@ class JobStore:
         self._notify()
         return job, needs_workflow
 
-    async def mark_dispatched(self, job_ids: list[str]) -> None:
-        """Note that these jobs' workflows are started. A burst of starts shares transactions
+    async def mark_dispatched(self, job_id: str) -> None:
+        """Note that the job's workflow is started. A burst of starts shares transactions
         (GroupCommit) with each other and with the submits."""
 
         async def write(session: AsyncSession) -> None:
             await session.execute(
                 update(Job)
-                .where(Job.job_id.in_(job_ids), Job.dispatched_at.is_(None))
+                .where(Job.job_id == job_id, Job.dispatched_at.is_(None))
                 .values(dispatched_at=utcnow())
             )
 

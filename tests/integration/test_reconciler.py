@@ -28,7 +28,7 @@ async def test_job_whose_workflow_is_gone_is_started_again(stack: Stack) -> None
     accepted = await stack.projection.store.submit(
         ALICE, Submission(text="lost", priority=50, max_attempts=3, options={})
     )
-    await stack.projection.store.mark_dispatched([accepted.job.job_id])
+    await stack.projection.store.mark_dispatched(accepted.job.job_id)
     dispatcher = build_dispatcher(
         stack.settings.model_copy(update={"reconciler_grace_s": 0}), stack.client, stack.projection
     )

@@ -90,5 +90,5 @@ async def test_a_burst_of_dispatch_marks_all_land(projection: Projection) -> Non
     jobs = [
         (await store.submit(ALICE, Submission(f"p{i}", 50, 3, {}))).job.job_id for i in range(40)
     ]
-    await asyncio.gather(*(store.mark_dispatched([job_id]) for job_id in jobs))
+    await asyncio.gather(*(store.mark_dispatched(job_id) for job_id in jobs))
     assert await store.undispatched() == []
