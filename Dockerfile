@@ -11,7 +11,7 @@ WORKDIR /app
 
 # The project's metadata first, so a code change does not reinstall the dependencies.
 COPY pyproject.toml README.md ./
-RUN mkdir promptjobs workflows activities api projections \
+RUN mkdir promptjobs workflows activities api projections services \
     && pip install . \
     && pip uninstall --yes promptjobs
 
@@ -20,6 +20,7 @@ COPY workflows ./workflows
 COPY activities ./activities
 COPY api ./api
 COPY projections ./projections
+COPY services ./services
 RUN pip install --no-deps .
 
 RUN useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin promptjobs \

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from projections.lifecycle import AttemptResult, ErrorKind, JobState
+
 
 @dataclass
 class AdapterCall:
@@ -24,21 +26,16 @@ class AdapterCall:
 @dataclass
 class SettleResult:
     applied: bool
-    state: str
+    state: JobState
     response_id: str | None = None
 
 
-@dataclass
-class AdapterOutcome:
-    attempt: int
-    text: str
-    provider: str
-    model: str
-    provider_request_id: str | None = None
-    finish_reason: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    latency_ms: int | None = None
+@dataclass(frozen=True)
+class AdapterOutcome(AttemptResult):
+    """One attempt's result as the call_adapter activity returns it: the adapter's result
+    (flat, as histories recorded before this class existed hold it) and the attempt."""
+
+    attempt: int = 0
     # Set when the activity settled the job itself (AdapterCall.settle_success): what the
     # projection now holds. An attempt retried after its success was committed, but whose
     # completion Temporal lost, returns the settlement it finds (with no text).
@@ -56,8 +53,8 @@ class SettleJob:
     """A terminal transition the workflow decided: failed (with its kind) or cancelled."""
 
     job_id: str
-    state: str
-    error_kind: str | None = None
+    state: JobState
+    error_kind: ErrorKind | None = None
     error_message: str | None = None
 
 
@@ -65,9 +62,9 @@ class SettleJob:
 class AttemptReport:
     """Sent by an attempt to its own workflow so the Web UI's search attributes stay current."""
 
-    state: str
+    state: JobState
     attempt: int
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
 
 
 # The ApplicationError type an attempt raises when the job is already settled (cancelled

@@ -9,7 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -17,7 +17,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
 
-from activities.adapters.base import AdapterRegistry, AdapterRequest, AdapterResult, InvalidOptions
+from activities.adapters.base import AdapterRegistry, AdapterRequest, InvalidOptions
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
@@ -28,12 +28,20 @@ from activities.contracts import (
     SettleJob,
     SettleResult,
 )
-from activities.errors import AdapterError, BackoffPolicy, ErrorKind
+from activities.errors import AdapterError
 from projections import metrics
 from projections.ids import response_id_for
+from projections.lifecycle import (
+    AttemptResult,
+    BackoffPolicy,
+    End,
+    ErrorKind,
+    FailedAttempt,
+    JobState,
+    next_step,
+)
 from projections.models import Job, Prompt
-from projections.projector import Projector, ResponseRecord, Transition
-from projections.states import JobState
+from projections.projector import Projector, Transition
 
 
 def worker_identity() -> str:
@@ -104,10 +112,13 @@ class JobActivities:
             return await self._settlement(call.job_id, started.attempt)
         if started.state.is_terminal:
             raise ApplicationError(
-                f"job is already {started.state.value}", type=JOB_CLOSED, non_retryable=True
+                f"job is already {started.state.value}",
+                started.state.value,
+                type=JOB_CLOSED,
+                non_retryable=True,
             )
         async with DelayedReport(
-            AttemptReport(JobState.RUNNING.value, attempt), self.report_running_after_s
+            AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
             prompt_id, outcome = await self._run(call, attempt, running)
         if not call.settle_success:
@@ -143,9 +154,9 @@ class JobActivities:
                 f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
             )
             raise await self._failed_attempt(call, attempt, lost, running) from None
-        return prompt.prompt_id, _outcome(attempt, result)
+        return prompt.prompt_id, AdapterOutcome(**asdict(result), attempt=attempt)
 
-    async def _complete(self, request: AdapterRequest) -> AdapterResult:
+    async def _complete(self, request: AdapterRequest) -> AttemptResult:
         provider = self.adapters.provider_of(request.options)
         started = time.monotonic()
         outcome = "ok"
@@ -156,7 +167,7 @@ class JobActivities:
             outcome = err.kind.value
             raise
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            outcome = JobState.CANCELLED.value
             raise
         except InvalidOptions as err:
             # The label must not carry whatever provider name a client sent.
@@ -174,40 +185,35 @@ class JobActivities:
     async def _failed_attempt(
         self, call: AdapterCall, attempt: int, err: AdapterError, running: DelayedReport
     ) -> ApplicationError:
-        """Decide, by the shared policy, whether Temporal retries; record the re-queue."""
-        message = err.message
-        activity.logger.warning("job %s attempt %d: %s", call.job_id, attempt, message)
-        if not err.kind.is_retryable or attempt >= call.max_attempts:
-            # The last attempt: the workflow settles the job, showing this attempt's number.
-            await running.done(send_now=True)
-            return adapter_failure(message, err.kind, non_retryable=True)
-        delay = self.backoff.delay_s(
-            err.kind, attempt, retry_after_s=err.retry_after_s, unit_random=random.random()
+        """Ask the lifecycle what this failure leads to; record a re-queue, or leave the end to
+        the workflow (which settles the job, showing this attempt's number)."""
+        activity.logger.warning("job %s attempt %d: %s", call.job_id, attempt, err.message)
+        step = next_step(
+            FailedAttempt(err.kind, err.message, attempt, call.max_attempts, err.retry_after_s),
+            policy=self.backoff,
+            now_s=time.time(),
+            deadline_s=call.deadline_epoch_s,
+            unit_random=random.random(),
         )
-        if time.time() + delay >= call.deadline_epoch_s:
+        if isinstance(step, End):
             await running.done(send_now=True)
-            return adapter_failure(
-                f"the next attempt would start after the job's hard ceiling; last error "
-                f"({err.kind.value}): {message}",
-                ErrorKind.STUCK,
-                non_retryable=True,
-            )
+            return adapter_failure(step.message, step.kind, non_retryable=True)
         # The re-queue report follows the running one if that is on its way, never precedes
         # it; one not yet sent is dropped.
         await running.done()
-        next_at = datetime.now(UTC) + timedelta(seconds=delay)
+        next_at = datetime.now(UTC) + timedelta(seconds=step.delay_s)
         await self.projector.apply(
             Transition(
                 call.job_id,
                 JobState.QUEUED,
                 attempt,
-                error_kind=err.kind.value,
-                error_message=message,
+                error_kind=err.kind,
+                error_message=err.message,
                 next_attempt_at=next_at,
             )
         )
-        await report_to_workflow(AttemptReport(JobState.QUEUED.value, attempt, err.kind.value))
-        return adapter_failure(message, err.kind, delay=timedelta(seconds=delay))
+        await report_to_workflow(AttemptReport(JobState.QUEUED, attempt, err.kind))
+        return adapter_failure(err.message, err.kind, delay=timedelta(seconds=step.delay_s))
 
     async def _load(self, job_id: str) -> tuple[Job, Prompt]:
         async with self.sessions() as session:
@@ -219,8 +225,8 @@ class JobActivities:
 
     async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
         job, _prompt = await self._load(job_id)
-        settled = SettleResult(False, job.state.value, job.response_id)
-        return AdapterOutcome(attempt, "", "", "", settled=settled)
+        settled = SettleResult(False, job.state, job.response_id)
+        return AdapterOutcome(text="", provider="", model="", attempt=attempt, settled=settled)
 
     @activity.defn(name="finalize_success")
     async def finalize_success(self, final: FinalizeSuccess) -> SettleResult:
@@ -233,31 +239,21 @@ class JobActivities:
         self, job_id: str, prompt_id: str, outcome: AdapterOutcome
     ) -> SettleResult:
         response_id = response_id_for(prompt_id, outcome.provider_request_id, job_id)
-        record = ResponseRecord(
-            text=outcome.text,
-            provider=outcome.provider,
-            model=outcome.model,
-            provider_request_id=outcome.provider_request_id,
-            finish_reason=outcome.finish_reason,
-            input_tokens=outcome.input_tokens,
-            output_tokens=outcome.output_tokens,
-            latency_ms=outcome.latency_ms,
-        )
-        result = await self.projector.succeed(job_id, outcome.attempt, response_id, record)
+        result = await self.projector.succeed(job_id, outcome.attempt, response_id, outcome)
         kept = result.state is JobState.SUCCEEDED
-        return SettleResult(result.applied, result.state.value, response_id if kept else None)
+        return SettleResult(result.applied, result.state, response_id if kept else None)
 
     @activity.defn(name="settle_job")
     async def settle_job(self, settle: SettleJob) -> SettleResult:
         result = await self.projector.apply(
             Transition(
                 settle.job_id,
-                JobState(settle.state),
+                settle.state,
                 error_kind=settle.error_kind,
                 error_message=settle.error_message,
             )
         )
-        return SettleResult(result.applied, result.state.value)
+        return SettleResult(result.applied, result.state)
 
 
 class DelayedReport:
@@ -326,18 +322,4 @@ def adapter_failure(
         non_retryable=non_retryable,
         next_retry_delay=delay,
         category=ApplicationErrorCategory.BENIGN,
-    )
-
-
-def _outcome(attempt: int, result: AdapterResult) -> AdapterOutcome:
-    return AdapterOutcome(
-        attempt=attempt,
-        text=result.text,
-        provider=result.provider,
-        model=result.model,
-        provider_request_id=result.provider_request_id,
-        finish_reason=result.finish_reason,
-        input_tokens=result.input_tokens,
-        output_tokens=result.output_tokens,
-        latency_ms=result.latency_ms,
     )

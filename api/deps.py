@@ -10,9 +10,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.changes import ChangeFeed
 from api.problems import Problem
-from api.service import JobService
 from projections.keys import authenticate
-from projections.store import JobStore, Scope
+from projections.scope import Scope
+from projections.store import JobStore
+from services.jobs import JobService
 
 
 @dataclass

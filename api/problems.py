@@ -13,6 +13,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from activities.adapters.base import InvalidOptions
+from projections.errors import IdempotencyConflict, InvalidState, NotFound
+
 log = logging.getLogger("promptjobs.api")
 
 PROBLEM_JSON = "application/problem+json"
@@ -67,6 +70,36 @@ class Problem(Exception):
 
 def not_found(what: str, ident: str) -> Problem:
     return Problem(404, "not_found", "Not found", f"no {what} {ident!r} in your organisation")
+
+
+def domain_problem(err: NotFound | InvalidState | IdempotencyConflict | InvalidOptions) -> Problem:
+    """The one mapping of the domain's refusals to problem details."""
+    if isinstance(err, NotFound):
+        return not_found(err.what, err.ident)
+    if isinstance(err, InvalidState):
+        return Problem(
+            409,
+            "invalid_state",
+            f"Cannot {err.action} a {err.state.value} job",
+            str(err),
+            job_id=err.job_id,
+            state=err.state.value,
+        )
+    if isinstance(err, IdempotencyConflict):
+        return Problem(
+            422,
+            "idempotency_key_reused",
+            "Idempotency-Key reused",
+            "this Idempotency-Key was already used with a different request body; "
+            "use a new key for a new request",
+        )
+    return Problem(
+        422,
+        "invalid_options",
+        "Invalid options",
+        str(err),
+        errors=[FieldError(field="body.options", message=str(err))],
+    )
 
 
 def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
@@ -161,6 +194,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
         return problem_response(exc, request)
+
+    async def _domain(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, NotFound | InvalidState | IdempotencyConflict | InvalidOptions)
+        return problem_response(domain_problem(exc), request)
+
+    for refusal in (NotFound, InvalidState, IdempotencyConflict, InvalidOptions):
+        app.add_exception_handler(refusal, _domain)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -8,8 +8,6 @@ from typing import Annotated, Any
 from pydantic import (
     AwareDatetime,
     BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
     Strict,
     StrictStr,
@@ -17,53 +15,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from activities.adapters.fake import FakeBehaviour
-from activities.errors import ErrorKind
+from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, PromptOptions
+from projections.lifecycle import JobState
 from projections.models import Job, Prompt, Response
-from projections.projector import job_row
-from projections.states import JobState
-
-# PostgreSQL text cannot hold NUL; refuse it at the door instead of failing at the INSERT.
-NO_NUL = r"^[^\x00]*$"
-
-# A request body is JSON, so its types are JSON's: "50" is not a priority, true is not 1.
-# Models are strict; the few fields whose JSON form is a string (enums, datetimes) opt out.
-STRICT_BODY = ConfigDict(extra="forbid", strict=True)
-
-
-def _json_integer(value: Any) -> Any:
-    # JSON Schema's integer includes 41.0 but not true or "41"; pydantic's lax int takes all.
-    if isinstance(value, bool | str):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
-
-
-# Bounds go before it in `Annotated`, or pydantic leaves them out of the JSON schema.
-JSON_INTEGER = (Strict(False), BeforeValidator(_json_integer))
-
-
-class FakeOptions(FakeBehaviour):
-    """`options.fake`: attempt i fails with `fail[i-1]` while i <= len(fail), then succeeds."""
-
-    model_config = STRICT_BODY
-
-    latency_ms: Annotated[int, Field(ge=0, le=3_600_000), *JSON_INTEGER] = 0  # FakeBehaviour's
-    fail: list[Annotated[ErrorKind, Strict(False)]] = Field(
-        default_factory=list, max_length=20, description="Error kinds of the first attempts"
-    )
-
-
-class PromptOptions(BaseModel):
-    """How to run the prompt. `provider` is one of this deployment's providers."""
-
-    model_config = STRICT_BODY
-
-    provider: str | None = Field(default=None, description="Default: the server's provider")
-    model: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000), *JSON_INTEGER] | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    system: str | None = Field(default=None, max_length=100_000, pattern=NO_NUL)
-    fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
+from projections.rows import JobRow
 
 
 class SubmitPrompt(BaseModel):
@@ -102,28 +57,10 @@ class SubmitPrompt(BaseModel):
         return self.options.model_dump(mode="json", exclude_unset=True)
 
 
-class JobOut(BaseModel):
-    job_id: str
-    prompt_id: str
-    state: JobState
-    priority: int
-    attempt: int
-    max_attempts: int
-    error_kind: str | None
-    error_message: str | None
-    next_attempt_at: datetime | None
-    response_id: str | None
-    supersedes: str | None
-    superseded_by: str | None
-    scheduled_for: datetime | None
-    created_at: datetime
-    updated_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-
+class JobOut(JobRow):
     @classmethod
     def of(cls, job: Job) -> JobOut:
-        return cls.model_validate(job_row(job))
+        return cls.model_validate(job)
 
 
 class Accepted(BaseModel):

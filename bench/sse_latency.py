@@ -28,7 +28,8 @@ from httpx_sse import aconnect_sse
 from temporalio.client import Client
 
 from projections.keys import create_key
-from projections.store import Scope, Submission
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.launch import serve
 from promptjobs.runtime import Projection, open_projection
 from promptjobs.settings import Settings

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections.db import transaction
 from projections.models import ApiKey
 from projections.projector import utcnow
-from projections.store import Scope
+from projections.scope import Scope
 
 ROLES = ("member", "admin")
 PREFIX = "pj"

@@ -13,8 +13,8 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from projections.lifecycle import JobState
 from projections.models import Job
-from projections.states import JobState
 
 SUBMISSIONS = Counter(
     "promptjobs_submissions", "Prompts accepted: a committed prompt and its first job", ["org"]

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     DateTime,
     Enum,
     ForeignKey,
@@ -22,7 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from projections.states import JobState
+from projections.lifecycle import ErrorKind, JobState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -65,6 +66,20 @@ StateColumn = Enum(
     values_callable=lambda states: [s.value for s in states],
     validate_strings=True,
 )
+ErrorKindColumn = Enum(
+    ErrorKind,
+    name="error_kind",
+    native_enum=False,
+    length=32,
+    values_callable=lambda kinds: [k.value for k in kinds],
+    validate_strings=True,
+)
+
+
+def one_of(column: str, values: type[JobState] | type[ErrorKind], name: str) -> CheckConstraint:
+    """The database refuses a value the lifecycle does not know (migration 0003)."""
+    listed = ", ".join(f"'{value.value}'" for value in values)
+    return CheckConstraint(f"{column} IN ({listed})", name=name)
 
 
 class ApiKey(Base):
@@ -111,6 +126,8 @@ class Job(Base):
         Index("ix_jobs_undispatched", "dispatched_at", "state"),
         Index("ix_jobs_prompt", "prompt_id"),
         Index("ix_jobs_state_updated", "state", "updated_at"),
+        one_of("state", JobState, "state"),
+        one_of("error_kind", ErrorKind, "error_kind"),
     )
 
     job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -122,7 +139,7 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
     progress_rank: Mapped[int] = mapped_column(Integer, default=1)
-    error_kind: Mapped[str | None] = mapped_column(String(32))
+    error_kind: Mapped[ErrorKind | None] = mapped_column(ErrorKindColumn)
     error_message: Mapped[str | None] = mapped_column(Text)
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     response_id: Mapped[str | None] = mapped_column(String(40))
@@ -149,6 +166,7 @@ class JobEvent(Base):
         Index("ix_job_events_org_author_id", "org", "author", "id"),
         Index("ix_job_events_job_id", "job_id", "id"),
         Index("ix_job_events_prompt_id", "prompt_id", "id"),
+        one_of("state", JobState, "state"),
     )
 
     id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)

@@ -13,11 +13,10 @@ from sqlalchemy import Select, and_, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
+from projections.lifecycle import TERMINAL, JobState
 from projections.models import Job, JobEvent, Prompt, Response
 from projections.projector import lock_event_log
-from projections.states import JobState
 
-TERMINAL = [state for state in JobState if state.is_terminal]
 PERCENTILES = (50, 90, 99)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,9 +12,17 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections import metrics
 from projections.db import GroupCommit
+from projections.lifecycle import (
+    AttemptResult,
+    ErrorKind,
+    JobState,
+    is_allowed,
+    lost_attempt_message,
+    progress_rank,
+)
 from projections.models import Job, JobEvent, Response
 from projections.notifications import notify_event
-from projections.states import JobState, is_allowed, progress_rank
+from projections.rows import job_row
 
 STATE_CHANGED = "job.state_changed"
 
@@ -30,7 +38,7 @@ class Transition:
     job_id: str
     target: JobState
     attempt: int | None = None
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None
     error_message: str | None = None
     next_attempt_at: datetime | None = None
     worker: str | None = None
@@ -41,18 +49,6 @@ class Transition:
 
 
 @dataclass
-class ResponseRecord:
-    text: str
-    provider: str
-    model: str
-    provider_request_id: str | None = None
-    finish_reason: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    latency_ms: int | None = None
-
-
-@dataclass
 class Applied:
     """What the projector did: whether the transition took, and the row as it now stands."""
 
@@ -60,33 +56,6 @@ class Applied:
     state: JobState
     attempt: int
     event_ids: list[int] = field(default_factory=list)
-
-
-def job_row(job: Job) -> dict[str, Any]:
-    """The job row as clients see it (shared/DESIGN.md's fields, UTC ISO-8601)."""
-
-    def iso(value: datetime | None) -> str | None:
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
-
-    return {
-        "job_id": job.job_id,
-        "prompt_id": job.prompt_id,
-        "state": job.state.value,
-        "priority": job.priority,
-        "attempt": job.attempt,
-        "max_attempts": job.max_attempts,
-        "error_kind": job.error_kind,
-        "error_message": job.error_message,
-        "next_attempt_at": iso(job.next_attempt_at),
-        "response_id": job.response_id,
-        "supersedes": job.supersedes,
-        "superseded_by": job.superseded_by,
-        "scheduled_for": iso(job.scheduled_for),
-        "created_at": iso(job.created_at),
-        "updated_at": iso(job.updated_at),
-        "started_at": iso(job.started_at),
-        "finished_at": iso(job.finished_at),
-    }
 
 
 async def lock_event_log(session: AsyncSession) -> None:
@@ -209,11 +178,8 @@ class Projector:
                     job_id,
                     JobState.QUEUED,
                     attempt=job.attempt,
-                    error_kind="worker_crash",
-                    error_message=(
-                        f"attempt {job.attempt} lost its worker ({job.worker or 'unknown'}): "
-                        "no heartbeat"
-                    ),
+                    error_kind=ErrorKind.WORKER_CRASH,
+                    error_message=lost_attempt_message(job.attempt, job.worker),
                     next_attempt_at=now,
                 )
                 events += (await apply_in(session, job, crashed, now)).event_ids
@@ -226,7 +192,7 @@ class Projector:
         return self._committed(await self.writes.run(write))
 
     async def succeed(
-        self, job_id: str, attempt: int, response_id: str, response: ResponseRecord
+        self, job_id: str, attempt: int, response_id: str, response: AttemptResult
     ) -> Applied:
         """Persist the response and settle the job, only if this attempt is still the job's.
         A response for a cancelled job, or from an attempt presumed dead, is discarded."""
@@ -258,12 +224,17 @@ class Projector:
                         author=job.author,
                         attempt=attempt,
                         created_at=now,
-                        **response.__dict__,
+                        **response_columns(response),
                     )
                 )
             return await apply_in(session, job, t, now)
 
         return self._committed(await self.writes.run(write))
+
+
+def response_columns(result: AttemptResult) -> dict[str, Any]:
+    """The response row's share of an attempt's result (a subclass may carry more)."""
+    return {f.name: getattr(result, f.name) for f in fields(AttemptResult)}
 
 
 async def apply_in(

@@ -7,13 +7,14 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
+from promptjobs import cli_jobs
+from promptjobs.console import CliError, run
 from promptjobs.launch import (
     DevStack,
     LaunchError,
@@ -36,21 +37,11 @@ app.add_typer(keys_app, name="keys")
 history_app = typer.Typer(help="Workflow histories, for replay tests.", no_args_is_help=True)
 app.add_typer(history_app, name="history")
 
-T = TypeVar("T")
-
-
-class CliError(Exception):
-    """Printed as one line on stderr; the command exits 1."""
-
 
 def settings_with(**overrides: Any) -> Settings:
     settings = Settings()
     values = {k: v for k, v in overrides.items() if v is not None}
     return settings.model_copy(update=values) if values else settings
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
 
 
 async def _until_signal(starter: Any, settings: Settings, **kwargs: Any) -> None:
@@ -211,13 +202,7 @@ def history_export(
         typer.echo(f"wrote {output}", err=True)
 
 
-def _register_operator_commands() -> None:
-    from promptjobs import cli_jobs  # it imports CliError and run from this module
-
-    cli_jobs.register(app)
-
-
-_register_operator_commands()
+cli_jobs.register(app)
 
 
 def main() -> None:

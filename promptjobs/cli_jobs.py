@@ -6,31 +6,34 @@ and act through the same JobService as the API, as the operator scope.
 
 from __future__ import annotations
 
-import json
-import re
-import sys
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client
 
-from api.dispatch import TemporalUnreachable
-from api.service import JobService
 from projections import operations
+from projections.errors import InvalidState, NotFound
+from projections.lifecycle import JobState
 from projections.models import Job, JobEvent
-from projections.projector import job_row, utcnow
-from projections.states import JobState
-from projections.store import InvalidState, NotFound, Scope
-from promptjobs.cli import CliError, run
+from projections.projector import utcnow
+from projections.scope import Scope
+from promptjobs.console import (
+    JOB_COLUMNS,
+    CliError,
+    console,
+    emit_json,
+    iso,
+    job_cells,
+    operator_row,
+    parse_state,
+    parse_when,
+    run,
+    short,
+    table,
+)
 from promptjobs.runtime import (
     Projection,
     build_adapters,
@@ -40,6 +43,9 @@ from promptjobs.runtime import (
     open_projection,
 )
 from promptjobs.settings import Settings
+from services.dispatch import TemporalUnreachable
+from services.fleet import task_queue_pollers
+from services.jobs import JobService
 
 jobs_app = typer.Typer(
     help="Jobs of every org: list, show, cancel, retry, metrics, archive.", no_args_is_help=True
@@ -53,95 +59,6 @@ WORKERS_SEEN_S = 3600.0
 def register(app: typer.Typer) -> None:
     app.add_typer(jobs_app, name="jobs")
     app.command("status")(status)
-
-
-# -- output ------------------------------------------------------------------------------
-
-
-def console() -> Console:
-    # Wide when piped, so ids are never cut; a terminal keeps its own width.
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
-
-
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    out = Table(title=title, title_justify="left")
-    for column in columns:
-        out.add_column(column, overflow="fold")
-    for row in rows:
-        out.add_row(*("" if value is None else str(value) for value in row))
-    return out
-
-
-def emit_json(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return _iso(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
-
-
-def _short(value: datetime | None) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
-
-
-JOB_COLUMNS = ("job", "org", "state", "prio", "attempt", "error", "created", "started", "finished")
-
-
-def job_cells(job: Job) -> list[Any]:
-    return [
-        job.job_id,
-        job.org,
-        job.state.value,
-        job.priority,
-        f"{job.attempt}/{job.max_attempts}",
-        job.error_kind,
-        _short(job.created_at),
-        _short(job.started_at),
-        _short(job.finished_at),
-    ]
-
-
-def operator_row(job: Job) -> dict[str, Any]:
-    """The client's job row plus what only an operator sees."""
-    return {**job_row(job), "org": job.org, "author": job.author, "worker": job.worker}
-
-
-# -- input -------------------------------------------------------------------------------
-
-_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-def parse_when(value: str, option: str) -> datetime:
-    """An ISO-8601 date or time (UTC unless it says otherwise), or an age such as 7d or 12h."""
-    ago = _AGO.match(value.strip())
-    if ago:
-        return utcnow() - timedelta(**{_UNIT[ago.group(2)]: float(ago.group(1))})
-    try:
-        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError as err:
-        raise CliError(
-            f"{option} wants an ISO-8601 date/time (2025-01-31, 2025-01-31T12:00Z) or an age "
-            f"(30m, 12h, 7d), not {value!r}"
-        ) from err
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def parse_state(value: str | None) -> JobState | None:
-    if value is None:
-        return None
-    try:
-        return JobState(value)
-    except ValueError as err:
-        raise CliError(
-            f"--state must be one of {', '.join(s.value for s in JobState)}, not {value!r}"
-        ) from err
 
 
 # -- wiring ------------------------------------------------------------------------------
@@ -231,7 +148,7 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
             (
                 (
                     e.id,
-                    _short(e.created_at),
+                    short(e.created_at),
                     e.state.value,
                     e.data.get("attempt"),
                     e.data.get("error_kind"),
@@ -249,7 +166,7 @@ def _event(event: JobEvent) -> dict[str, Any]:
         "id": event.id,
         "type": event.type,
         "state": event.state.value,
-        "created_at": _iso(event.created_at),
+        "created_at": iso(event.created_at),
         "data": event.data,
     }
 
@@ -365,12 +282,12 @@ def archive(
 
     done = run(act())
     if as_json:
-        emit_json({**asdict(done), "before": _iso(cutoff)})
+        emit_json({**asdict(done), "before": iso(cutoff)})
         return
     verb = "would remove" if dry_run else "removed"
     typer.echo(
         f"{verb} {done.jobs} jobs, {done.events} events, {done.prompts} prompts and "
-        f"{done.responses} responses finished before {_iso(cutoff)}"
+        f"{done.responses} responses finished before {iso(cutoff)}"
     )
 
 
@@ -386,13 +303,13 @@ def status(as_json: JsonOpt = False) -> None:
         return
     out = console()
     out.print(table("jobs", ("state", "jobs"), health.states.items()))
-    typer.echo(f"last transition: {_short(health.last_transition_at) or 'none yet'}")
+    typer.echo(f"last transition: {short(health.last_transition_at) or 'none yet'}")
     out.print(
         table(
             "workers seen in the last hour (from the jobs they ran)",
             ("worker", "last seen", "running", "succeeded", "failed", "cancelled"),
             (
-                (w.worker, _short(w.last_seen), w.running, w.succeeded, w.failed, w.cancelled)
+                (w.worker, short(w.last_seen), w.running, w.succeeded, w.failed, w.cancelled)
                 for w in health.workers
             ),
         )
@@ -405,7 +322,7 @@ def status(as_json: JsonOpt = False) -> None:
             f"pollers on task queue {temporal['task_queue']} ({temporal['address']})",
             ("kind", "identity", "last poll", "backlog"),
             (
-                (p["kind"], p["identity"], _short(p["last_access_time"]), p["backlog"])
+                (p["kind"], p["identity"], short(p["last_access_time"]), p["backlog"])
                 for p in temporal["pollers"]
             ),
         )
@@ -428,32 +345,3 @@ async def _status() -> tuple[operations.ProjectionHealth, dict[str, Any]]:
     except (RuntimeError, OSError) as err:  # connect failures surface as RuntimeError
         temporal["error"] = str(err).splitlines()[0]
     return health, temporal
-
-
-async def task_queue_pollers(client: Client, task_queue: str) -> list[dict[str, Any]]:
-    """Who polls the task queue, per kind, and the approximate backlog Temporal reports."""
-    pollers: list[dict[str, Any]] = []
-    kinds = {
-        "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-    }
-    for kind, queue_type in kinds.items():
-        described = await client.workflow_service.describe_task_queue(
-            DescribeTaskQueueRequest(
-                namespace=client.namespace,
-                task_queue=TaskQueue(name=task_queue),
-                task_queue_type=queue_type,
-                report_stats=True,
-            )
-        )
-        backlog = described.stats.approximate_backlog_count
-        for poller in described.pollers:
-            pollers.append(
-                {
-                    "kind": kind,
-                    "identity": poller.identity,
-                    "last_access_time": poller.last_access_time.ToDatetime(tzinfo=UTC),
-                    "backlog": backlog,
-                }
-            )
-    return pollers

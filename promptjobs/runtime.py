@@ -26,13 +26,13 @@ from activities.job_activities import JobActivities
 from api.app import create_app
 from api.changes import ChangeFeed
 from api.deps import Services
-from api.dispatch import Dispatcher
-from api.service import JobService
 from projections.db import create_engine, migrate, session_factory
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
 from promptjobs.settings import Settings
+from services.dispatch import Dispatcher
+from services.jobs import JobService
 from workflows.prompt_job import PromptJobWorkflow
 
 log = logging.getLogger("promptjobs")

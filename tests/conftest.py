@@ -210,7 +210,7 @@ class Stack:
         return body
 
     async def settled(self, job_id: str, timeout: float = 20.0) -> dict[str, Any]:
-        from projections.states import JobState
+        from projections.lifecycle import JobState
 
         return await eventually(
             lambda: self.job(job_id), lambda j: JobState(j["state"]).is_terminal, timeout=timeout

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from projections.lifecycle import ErrorKind, JobState
+
 
 @dataclass
 class PromptJobInput:
@@ -29,6 +31,6 @@ class PromptJobInput:
 @dataclass
 class PromptJobResult:
     job_id: str
-    state: str
+    state: JobState
     response_id: str | None = None
-    error_kind: str | None = None
+    error_kind: ErrorKind | None = None

@@ -18,7 +18,6 @@ from temporalio.exceptions import (
     ApplicationError,
     CancelledError,
     TimeoutError,
-    TimeoutType,
 )
 
 with workflow.unsafe.imports_passed_through():
@@ -32,8 +31,14 @@ with workflow.unsafe.imports_passed_through():
         SettleJob,
         SettleResult,
     )
-    from activities.errors import NON_RETRYABLE_TYPES, ErrorKind
     from activities.job_activities import JobActivities
+    from projections.lifecycle import (
+        NON_RETRYABLE_TYPES,
+        TIMEOUT_KINDS,
+        ErrorKind,
+        JobState,
+        kind_of_error_type,
+    )
     from workflows import search_attributes as sa
     from workflows.contracts import PromptJobInput, PromptJobResult
 
@@ -42,8 +47,6 @@ PROJECTION_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10)
 )
 PROJECTION_TIMEOUT = timedelta(seconds=30)
-
-KINDS = frozenset(kind.value for kind in ErrorKind)
 
 # Since this patch the adapter call settles a success itself (one activity per job, not two);
 # histories recorded before it call finalize_success (docs/workflow-versioning.md).
@@ -54,7 +57,7 @@ def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
     """What a job's workflow carries from its start, so the Web UI can find it."""
     return TypedSearchAttributes(
         [
-            SearchAttributePair(sa.JOB_STATE, "queued"),
+            SearchAttributePair(sa.JOB_STATE, JobState.QUEUED.value),
             SearchAttributePair(sa.ORG, job.org),
             SearchAttributePair(sa.PROMPT_ID, job.prompt_id),
             SearchAttributePair(sa.PRIORITY, job.priority),
@@ -79,7 +82,7 @@ class PromptJobWorkflow:
                 await self._cancel(job)
                 raise asyncio.CancelledError() from err
             if isinstance(err.cause, ApplicationError) and err.cause.type == JOB_CLOSED:
-                return PromptJobResult(job.job_id, "closed")
+                return PromptJobResult(job.job_id, closed_state(err.cause))
             kind, message = failure_of(err)
             return await self._fail(job, kind, message)
         except asyncio.CancelledError:
@@ -101,16 +104,18 @@ class PromptJobWorkflow:
         self._attempt = report.attempt
         self._show(report.state, report.error_kind)
 
-    def _show(self, state: str, error_kind: str | None = None) -> None:
+    def _show(self, state: JobState, error_kind: ErrorKind | None = None) -> None:
         updates: list[SearchAttributeUpdate[Any]] = [
-            sa.JOB_STATE.value_set(state),
+            sa.JOB_STATE.value_set(state.value),
             sa.ATTEMPT.value_set(self._attempt),
         ]
         if error_kind is not None:
-            updates.append(sa.ERROR_KIND.value_set(error_kind))
+            updates.append(sa.ERROR_KIND.value_set(error_kind.value))
         workflow.upsert_search_attributes(updates)
-        details = f"{state}, attempt {self._attempt}"
-        workflow.set_current_details(details + (f", last error {error_kind}" if error_kind else ""))
+        details = f"{state.value}, attempt {self._attempt}"
+        workflow.set_current_details(
+            details + (f", last error {error_kind.value}" if error_kind else "")
+        )
 
     async def _call_adapter(self, job: PromptJobInput, settle_success: bool) -> AdapterOutcome:
         deadline = workflow.now() + timedelta(seconds=job.ceiling_s)
@@ -147,12 +152,12 @@ class PromptJobWorkflow:
         return PromptJobResult(job.job_id, settled.state, settled.response_id)
 
     async def _fail(self, job: PromptJobInput, kind: ErrorKind, message: str) -> PromptJobResult:
-        settled = await self._settle(SettleJob(job.job_id, "failed", kind.value, message))
-        self._show(settled.state, kind.value)
-        return PromptJobResult(job.job_id, settled.state, error_kind=kind.value)
+        settled = await self._settle(SettleJob(job.job_id, JobState.FAILED, kind, message))
+        self._show(settled.state, kind)
+        return PromptJobResult(job.job_id, settled.state, error_kind=kind)
 
     async def _cancel(self, job: PromptJobInput) -> None:
-        settled = await self._settle(SettleJob(job.job_id, "cancelled"))
+        settled = await self._settle(SettleJob(job.job_id, JobState.CANCELLED))
         self._show(settled.state)
 
     async def _settle(self, settle: SettleJob) -> SettleResult:
@@ -166,15 +171,21 @@ class PromptJobWorkflow:
 
 
 def failure_of(err: ActivityError) -> tuple[ErrorKind, str]:
-    """The error kind of an adapter call that Temporal gave up on."""
+    """The error kind of an adapter call that Temporal gave up on (projections/lifecycle.py
+    says which timeout is which kind)."""
     cause = err.cause
-    if isinstance(cause, ApplicationError) and cause.type in KINDS:
-        return ErrorKind(cause.type), cause.message
-    if isinstance(cause, TimeoutError):
-        if cause.type is TimeoutType.HEARTBEAT:
-            return ErrorKind.WORKER_CRASH, "the worker stopped heartbeating during the call"
-        if cause.type is TimeoutType.SCHEDULE_TO_CLOSE:
-            return ErrorKind.STUCK, "the job passed its hard ceiling"
-        if cause.type is TimeoutType.START_TO_CLOSE:
-            return ErrorKind.TIMEOUT, "the adapter call passed its time limit"
+    if isinstance(cause, ApplicationError) and (kind := kind_of_error_type(cause.type)):
+        return kind, cause.message
+    if isinstance(cause, TimeoutError) and cause.type is not None:
+        known = TIMEOUT_KINDS.get(cause.type.name.lower())
+        if known is not None:
+            return known
     return ErrorKind.UNKNOWN, str(cause or err)
+
+
+def closed_state(err: ApplicationError) -> JobState:
+    """The state of a job that was settled before its attempt could start (JOB_CLOSED's
+    detail; histories from before it carried one say cancelled, the only way to get there)."""
+    if err.details and isinstance(err.details[0], str):
+        return JobState(err.details[0])
+    return JobState.CANCELLED

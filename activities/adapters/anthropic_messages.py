@@ -10,7 +10,7 @@ import anthropic
 from anthropic.types import MessageParam
 from pydantic import BaseModel, SecretStr, field_validator
 
-from activities.adapters.base import AdapterRequest, AdapterResult
+from activities.adapters.base import AdapterRequest
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
@@ -20,7 +20,8 @@ from activities.adapters.chat import (
     status_failure,
     transport_failure,
 )
-from activities.errors import AdapterError, ErrorKind
+from activities.errors import AdapterError
+from projections.lifecycle import AttemptResult, ErrorKind
 
 # The SDK's failures that carry no HTTP status, most specific first (a timeout is also a
 # connection error).
@@ -104,7 +105,7 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
             max_retries=0,
         )
 
-    async def complete(self, request: AdapterRequest) -> AdapterResult:
+    async def complete(self, request: AdapterRequest) -> AttemptResult:
         options = self.options(request.options)
         messages: list[MessageParam] = [{"role": "user", "content": request.prompt}]
         client = self.client

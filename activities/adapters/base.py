@@ -8,6 +8,8 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from projections.lifecycle import AttemptResult
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -18,18 +20,6 @@ class AdapterRequest:
     prompt: str
     attempt: int
     options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class AdapterResult:
-    text: str
-    provider: str
-    model: str
-    provider_request_id: str | None = None
-    finish_reason: str | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    latency_ms: int | None = None
 
 
 class InvalidOptions(ValueError):
@@ -60,7 +50,7 @@ class Adapter(Protocol):
     def validate(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions if a job with these options could never run."""
 
-    async def complete(self, request: AdapterRequest) -> AdapterResult:
+    async def complete(self, request: AdapterRequest) -> AttemptResult:
         """Call the provider once; raise AdapterError on failure. Never retry here."""
         ...
 

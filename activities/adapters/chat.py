@@ -11,10 +11,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError, field_validator
 
-from activities.adapters.base import AdapterResult, InvalidOptions, parse_options
-from activities.errors import AdapterError, ErrorKind
+from activities.adapters.base import InvalidOptions, parse_options
+from activities.adapters.options import FakeOptions, PromptOptions
+from activities.errors import AdapterError
+from projections.lifecycle import AttemptResult, ErrorKind
 
 A = TypeVar("A", bound=BaseModel)
 
@@ -22,17 +24,15 @@ A = TypeVar("A", bound=BaseModel)
 DETAIL_LIMIT = 500
 
 
-class ChatOptions(BaseModel):
-    """A job's `options` for a chat provider; anything else in them is a mistake."""
+class ChatOptions(PromptOptions):
+    """A job's `options` for a chat provider: the fake provider's behaviour is a mistake here."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    provider: str | None = None
-    # The responses table holds 128 characters of model name.
-    model: str | None = Field(default=None, min_length=1, max_length=128)
-    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    system: str | None = Field(default=None, max_length=100_000)
+    @field_validator("fake")
+    @classmethod
+    def _not_fake(cls, value: FakeOptions | None) -> FakeOptions | None:
+        if value is not None:
+            raise ValueError('only the fake provider takes it: remove it or use "provider": "fake"')
+        return value
 
 
 OptionsT = TypeVar("OptionsT", bound=ChatOptions)
@@ -190,9 +190,9 @@ def chat_result(
     input_tokens: int | None,
     output_tokens: int | None,
     started: float,
-) -> AdapterResult:
+) -> AttemptResult:
     """The result as the responses table holds it (its column widths)."""
-    return AdapterResult(
+    return AttemptResult(
         text=text,
         provider=provider,
         model=model[:128],

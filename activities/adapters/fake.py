@@ -7,27 +7,10 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from activities.adapters.base import AdapterRequest, AdapterResult, parse_options
-from activities.adapters.chat import ChatOptions
-from activities.errors import AdapterError, ErrorKind
-
-
-class FakeBehaviour(BaseModel):
-    """`options.fake`: attempt i fails with fail[i-1] while i <= len(fail), then succeeds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    latency_ms: int = Field(default=0, ge=0, le=3_600_000)
-    fail: list[ErrorKind] = Field(default_factory=list, max_length=20)
-    retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
-
-
-class FakeOptions(ChatOptions):
-    """The options a real provider takes, so a job can switch providers, plus `fake`."""
-
-    fake: FakeBehaviour | None = None
+from activities.adapters.base import AdapterRequest, parse_options
+from activities.adapters.options import FakeOptions, PromptOptions
+from activities.errors import AdapterError
+from projections.lifecycle import AttemptResult, ErrorKind
 
 
 def fake_output(prompt: str) -> str:
@@ -43,10 +26,10 @@ class FakeAdapter:
         self._behaviour(options)
 
     @staticmethod
-    def _behaviour(options: Mapping[str, Any]) -> FakeBehaviour:
-        return parse_options(FakeOptions, dict(options), "options").fake or FakeBehaviour()
+    def _behaviour(options: Mapping[str, Any]) -> FakeOptions:
+        return parse_options(PromptOptions, dict(options), "options").fake or FakeOptions()
 
-    async def complete(self, request: AdapterRequest) -> AdapterResult:
+    async def complete(self, request: AdapterRequest) -> AttemptResult:
         behaviour = self._behaviour(request.options)
         if behaviour.latency_ms:
             await asyncio.sleep(behaviour.latency_ms / 1000)
@@ -61,7 +44,7 @@ class FakeAdapter:
                 retry_after_s=behaviour.retry_after_s if kind is ErrorKind.RATE_LIMIT else None,
             )
         text = fake_output(request.prompt)
-        return AdapterResult(
+        return AttemptResult(
             text=text,
             provider=self.name,
             model=str(request.options.get("model") or "fake-1"),

@@ -11,7 +11,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field, SecretStr
 
-from activities.adapters.base import AdapterRequest, AdapterResult
+from activities.adapters.base import AdapterRequest
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
@@ -21,7 +21,8 @@ from activities.adapters.chat import (
     status_failure,
     transport_failure,
 )
-from activities.errors import AdapterError, ErrorKind
+from activities.errors import AdapterError
+from projections.lifecycle import AttemptResult, ErrorKind
 
 # The SDK's failures that carry no HTTP status, most specific first (a timeout is also a
 # connection error).
@@ -103,7 +104,7 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
             max_retries=0,
         )
 
-    async def complete(self, request: AdapterRequest) -> AdapterResult:
+    async def complete(self, request: AdapterRequest) -> AttemptResult:
         options = self.options(request.options)
         messages: list[ChatCompletionMessageParam] = []
         if options.system:

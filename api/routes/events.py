@@ -10,10 +10,9 @@ from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from api.deps import ServicesDep, StreamCaller
-from api.problems import not_found, problem_responses
+from api.problems import problem_responses
 from api.routes.jobs import CURSOR_PATTERN
 from api.schemas import JobOut
-from projections.store import NotFound
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 
@@ -62,13 +61,10 @@ async def stream_events(
     no gap, no repeat. Each event's data is the row `GET /v1/jobs` returns for that change.
     Authenticate with `Authorization: Bearer <key>`, or, from a browser `EventSource` (which
     cannot send headers), with `?access_token=<key>`."""
-    try:
-        if job_id is not None:
-            await services.store.job(caller, job_id)
-        if prompt_id is not None:
-            await services.store.prompt(caller, prompt_id)
-    except NotFound as err:
-        raise not_found("job" if job_id else "prompt", job_id or prompt_id or "") from err
+    if job_id is not None:
+        await services.store.job(caller, job_id)
+    if prompt_id is not None:
+        await services.store.prompt(caller, prompt_id)
     resume = last_event_id if last_event_id is not None else since
     cursor = int(resume) if resume is not None else await services.store.latest_event_id()
 

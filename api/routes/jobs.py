@@ -7,10 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response, status
 
 from api.deps import Caller, ServicesDep
-from api.problems import Problem, not_found, problem_responses
+from api.problems import problem_responses
 from api.schemas import JobList, JobOut
-from projections.states import JobState
-from projections.store import InvalidState, NotFound
+from projections.lifecycle import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -42,21 +41,7 @@ async def list_jobs(
 
 @router.get("/{job_id}", response_model=JobOut, responses=problem_responses(401, 404))
 async def read_job(job_id: str, caller: Caller, services: ServicesDep) -> JobOut:
-    try:
-        return JobOut.of(await services.store.job(caller, job_id))
-    except NotFound as err:
-        raise not_found("job", job_id) from err
-
-
-def _conflict(err: InvalidState) -> Problem:
-    return Problem(
-        409,
-        "invalid_state",
-        f"Cannot {err.action} a {err.state.value} job",
-        str(err),
-        job_id=err.job_id,
-        state=err.state.value,
-    )
+    return JobOut.of(await services.store.job(caller, job_id))
 
 
 @router.post(
@@ -67,12 +52,7 @@ def _conflict(err: InvalidState) -> Problem:
     summary="Cancel a queued or running job; the job row shows `cancelled` once it has stopped",
 )
 async def cancel_job(job_id: str, caller: Caller, services: ServicesDep) -> JobOut:
-    try:
-        return JobOut.of(await services.jobs.cancel(caller, job_id))
-    except NotFound as err:
-        raise not_found("job", job_id) from err
-    except InvalidState as err:
-        raise _conflict(err) from err
+    return JobOut.of(await services.jobs.cancel(caller, job_id))
 
 
 @router.post(
@@ -96,11 +76,6 @@ async def cancel_job(job_id: str, caller: Caller, services: ServicesDep) -> JobO
 async def retry_job(
     job_id: str, caller: Caller, services: ServicesDep, response: Response
 ) -> JobOut:
-    try:
-        job = await services.jobs.retry(caller, job_id)
-    except NotFound as err:
-        raise not_found("job", job_id) from err
-    except InvalidState as err:
-        raise _conflict(err) from err
+    job = await services.jobs.retry(caller, job_id)
     response.headers["Location"] = f"/v1/jobs/{job.job_id}"
     return JobOut.of(job)

@@ -7,11 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from activities.adapters.base import InvalidOptions
 from api.deps import Caller, JsonBody, ServicesDep
-from api.problems import FieldError, Problem, not_found, problem_responses
+from api.problems import Problem, problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
-from projections.store import IdempotencyConflict, NotFound, Submission
+from projections.writes import Submission
 
 router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
 
@@ -61,16 +60,7 @@ async def submit_prompt(
             "send a shorter prompt",
         )
     options = body.options_as_sent()
-    try:
-        services.jobs.validate_options(options)
-    except InvalidOptions as err:
-        raise Problem(
-            422,
-            "invalid_options",
-            "Invalid options",
-            str(err),
-            errors=[FieldError(field="body.options", message=str(err))],
-        ) from err
+    services.jobs.validate_options(options)
     submission = Submission(
         text=body.prompt,
         priority=body.priority,
@@ -81,16 +71,7 @@ async def submit_prompt(
         parent_id=body.parent_id,
         correlation_id=body.correlation_id,
     )
-    try:
-        accepted = await services.jobs.submit(caller, submission)
-    except IdempotencyConflict as err:
-        raise Problem(
-            422,
-            "idempotency_key_reused",
-            "Idempotency-Key reused",
-            "this Idempotency-Key was already used with a different request body; "
-            "use a new key for a new request",
-        ) from err
+    accepted = await services.jobs.submit(caller, submission)
     response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
     if not accepted.created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -112,11 +93,8 @@ async def list_prompts(
     last is the current one). `cursor` lets a client follow changes from this read on."""
     # Read the cursor first: any change committed after it is also after the page below.
     cursor = await services.store.latest_event_id()
-    try:
-        # One more than asked tells whether an older page exists.
-        page = await services.store.prompts_before(caller, limit + 1, before)
-    except NotFound as err:
-        raise not_found("prompt", before or "") from err
+    # One more than asked tells whether an older page exists.
+    page = await services.store.prompts_before(caller, limit + 1, before)
     more = len(page) > limit
     page = page[:limit]
     return PromptList(
@@ -129,8 +107,5 @@ async def list_prompts(
 @router.get("/{prompt_id}", response_model=PromptOut, responses=problem_responses(401, 404))
 async def read_prompt(prompt_id: str, caller: Caller, services: ServicesDep) -> PromptOut:
     """The prompt and every job it has had (retries included), oldest first."""
-    try:
-        prompt, jobs = await services.store.prompt(caller, prompt_id)
-    except NotFound as err:
-        raise not_found("prompt", prompt_id) from err
+    prompt, jobs = await services.store.prompt(caller, prompt_id)
     return PromptOut.of(prompt, jobs)

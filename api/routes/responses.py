@@ -5,16 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import Caller, ServicesDep
-from api.problems import not_found, problem_responses
+from api.problems import problem_responses
 from api.schemas import ResponseOut
-from projections.store import NotFound
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 
 
 @router.get("/{response_id}", response_model=ResponseOut, responses=problem_responses(401, 404))
 async def read_response(response_id: str, caller: Caller, services: ServicesDep) -> ResponseOut:
-    try:
-        return ResponseOut.of(await services.store.response(caller, response_id))
-    except NotFound as err:
-        raise not_found("response", response_id) from err
+    return ResponseOut.of(await services.store.response(caller, response_id))

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from projections.states import JobState
-from projections.store import Scope, changed_since_query, events_query
+from projections.lifecycle import JobState
+from projections.reads import changed_since_query, events_query
+from projections.scope import Scope
 from promptjobs.runtime import Projection
 from tests.conftest import Stack, eventually
 

@@ -14,8 +14,8 @@ from sqlalchemy import func, select
 from temporalio.testing import WorkflowEnvironment
 
 from projections.keys import create_key
+from projections.lifecycle import JobState, is_allowed
 from projections.models import Job, JobEvent
-from projections.states import JobState, is_allowed
 from promptjobs.runtime import open_projection
 from tests.conftest import eventually, free_port, make_settings
 from tests.integration.processes import process_env, promptjobs_process

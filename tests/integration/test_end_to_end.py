@@ -38,6 +38,6 @@ async def test_submitted_prompt_goes_queued_running_succeeded(stack: Stack) -> N
 
 
 def _scope():  # type: ignore[no-untyped-def]
-    from projections.store import Scope
+    from projections.scope import Scope
 
     return Scope("acme", "alice", "member")

@@ -1,5 +1,5 @@
 """Each provider adapter, through its real SDK over real HTTP against the mock provider: what a
-scripted answer becomes (an AdapterResult or an AdapterError of which kind)."""
+scripted answer becomes (an AttemptResult or an AdapterError of which kind)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from activities.adapters.base import AdapterRequest, AdapterResult
-from activities.errors import AdapterError, ErrorKind
+from activities.adapters.base import AdapterRequest
+from activities.errors import AdapterError
+from projections.lifecycle import AttemptResult, ErrorKind
 from promptjobs.runtime import build_adapters
 from tests.conftest import MockProviderServer, free_port, provider_settings
 
@@ -24,7 +25,7 @@ async def complete(
     prompt: str,
     options: dict[str, Any] | None = None,
     **settings: Any,
-) -> AdapterResult:
+) -> AttemptResult:
     registry = build_adapters(provider_settings(tmp_path, mock, **settings))
     options = {"provider": provider, **(options or {})}
     request = AdapterRequest("job_test", "pmt_test", prompt, attempt=1, options=options)

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.base import AdapterRequest
 from projections.models import JobEvent
-from projections.store import Scope
+from projections.scope import Scope
 from promptjobs.runtime import build_adapters
 from tests.conftest import (
     MockProviderServer,

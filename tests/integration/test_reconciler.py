@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from projections.store import Scope, Submission
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.runtime import build_dispatcher
 from tests.conftest import Stack, eventually
 

@@ -8,7 +8,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_output
-from projections.store import Scope
+from projections.scope import Scope
 from promptjobs.launch import DEV_SERVER_ARGS
 from promptjobs.runtime import temporal_cli
 from tests.conftest import eventually, free_port, make_settings, new_worker, running_stack

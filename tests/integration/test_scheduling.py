@@ -9,9 +9,9 @@ import httpx
 from sqlalchemy import func, select
 from temporalio.testing import WorkflowEnvironment
 
+from projections.lifecycle import JobState
 from projections.models import Job
-from projections.states import JobState
-from projections.store import Scope
+from projections.scope import Scope
 from tests.conftest import Stack, eventually, make_settings, new_worker, running_stack
 
 OPERATOR = Scope.operator()

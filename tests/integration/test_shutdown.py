@@ -11,7 +11,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from projections.keys import create_key
-from projections.store import Scope
+from projections.scope import Scope
 from promptjobs.runtime import open_projection
 from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from activities.errors import BackoffPolicy, ErrorKind
+from projections.lifecycle import BackoffPolicy, ErrorKind
 
 POLICY = BackoffPolicy()
 

@@ -8,9 +8,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from projections.db import GroupCommit
+from projections.lifecycle import JobState
 from projections.projector import Transition
-from projections.states import JobState
-from projections.store import Scope, Submission
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.runtime import Projection
 
 ALICE = Scope("acme", "alice", "member")
@@ -72,17 +73,23 @@ async def test_a_write_whose_caller_left_before_its_turn_is_not_run(
     async def second(session: AsyncSession) -> None:
         ran.append("second")
 
+    async def third(session: AsyncSession) -> None:
+        ran.append("third")
+
     first = asyncio.create_task(writes.run(slow))
     await first_holds.wait()
     waiting = asyncio.create_task(writes.run(second))
     await asyncio.sleep(0)
     waiting.cancel()
+    later = asyncio.create_task(writes.run(third))
     release.set()
     await first
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    await asyncio.sleep(0.05)
-    assert ran == ["first"]
+    # Writes run in the order they were asked for: once the one asked after it has run, the
+    # abandoned write's turn has passed.
+    await later
+    assert ran == ["first", "third"]
 
 
 async def test_a_burst_of_dispatch_marks_all_land(projection: Projection) -> None:

@@ -6,9 +6,11 @@ import pytest
 from sqlalchemy import update
 
 from projections.db import transaction
+from projections.errors import NotFound
 from projections.keys import authenticate, create_key
 from projections.models import ApiKey
-from projections.store import NotFound, Scope, Submission
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.runtime import Projection
 
 

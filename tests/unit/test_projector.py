@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import func, select, update
 
 from projections.db import transaction
+from projections.errors import InvalidState
 from projections.ids import response_id_for
+from projections.lifecycle import (
+    ALLOWED_TRANSITIONS,
+    AttemptResult,
+    ErrorKind,
+    JobState,
+    is_allowed,
+)
 from projections.models import Job, Response
-from projections.projector import ResponseRecord, Transition
-from projections.states import ALLOWED_TRANSITIONS, JobState, is_allowed
-from projections.store import InvalidState, Scope, Submission
+from projections.projector import Transition
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.runtime import Projection
 
 ALICE = Scope("acme", "alice", "member")
-ANSWER = ResponseRecord(text="hi", provider="fake", model="fake-1")
+LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
+ANSWER = AttemptResult(text="hi", provider="fake", model="fake-1")
 
 
 async def queued_job(projection: Projection) -> Job:
@@ -39,8 +49,8 @@ def test_only_the_designed_transitions_are_allowed() -> None:
         ("succeeded", "superseded"), ("failed", "superseded"), ("cancelled", "superseded"),
     }  # fmt: skip
     # queued → failed exists only for the hard ceiling (docs/decisions.md).
-    assert not is_allowed(JobState.QUEUED, JobState.FAILED, "auth")
-    assert is_allowed(JobState.QUEUED, JobState.FAILED, "stuck")
+    assert not is_allowed(JobState.QUEUED, JobState.FAILED, ErrorKind.AUTH)
+    assert is_allowed(JobState.QUEUED, JobState.FAILED, ErrorKind.STUCK)
 
 
 async def test_submission_writes_a_queued_row_and_its_event(projection: Projection) -> None:
@@ -62,12 +72,16 @@ async def test_older_transition_after_a_newer_one_is_a_no_op(projection: Project
     job = await queued_job(projection)
     await projection.projector.start_attempt(job.job_id, 1, "w1")
     await projection.projector.apply(
-        Transition(job.job_id, JobState.QUEUED, 1, error_kind="timeout", error_message="slow")
+        Transition(
+            job.job_id, JobState.QUEUED, 1, error_kind=ErrorKind.TIMEOUT, error_message="slow"
+        )
     )
     await projection.projector.start_attempt(job.job_id, 2, "w1")
     # Attempt 1's re-queue delivered again, late: it must not undo attempt 2.
     late = await projection.projector.apply(
-        Transition(job.job_id, JobState.QUEUED, 1, error_kind="timeout", error_message="slow")
+        Transition(
+            job.job_id, JobState.QUEUED, 1, error_kind=ErrorKind.TIMEOUT, error_message="slow"
+        )
     )
     assert not late.applied
     row = await projection.store.job(ALICE, job.job_id)
@@ -79,11 +93,11 @@ async def test_older_transition_after_a_newer_one_is_a_no_op(projection: Project
     [
         (JobState.SUCCEEDED, None),
         (JobState.SUPERSEDED, None),
-        (JobState.FAILED, "auth"),
+        (JobState.FAILED, ErrorKind.AUTH),
     ],
 )
 async def test_illegal_transition_from_queued_is_a_no_op(
-    projection: Projection, target: JobState, kind: str | None
+    projection: Projection, target: JobState, kind: ErrorKind | None
 ) -> None:
     job = await queued_job(projection)
     result = await projection.projector.apply(Transition(job.job_id, target, error_kind=kind))
@@ -98,7 +112,7 @@ async def test_terminal_row_never_changes_except_to_superseded_once(
     await projection.projector.apply(Transition(job.job_id, JobState.CANCELLED))
     for target in (JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.SUCCEEDED):
         result = await projection.projector.apply(
-            Transition(job.job_id, target, 1, error_kind="unknown")
+            Transition(job.job_id, target, 1, error_kind=ErrorKind.UNKNOWN)
         )
         assert not result.applied
     new = await projection.store.retry(ALICE, job.job_id)
@@ -165,7 +179,7 @@ async def test_reads_do_not_wait_for_an_open_write(projection: Projection) -> No
 
     async def slow_write() -> None:
         async with transaction(projection.sessions) as session:
-            await session.execute(update(Job).values(priority=7))
+            await session.execute(update(Job).values(priority=7, updated_at=LONG_AGO))
             writing.set()
             await release.wait()
 
@@ -175,10 +189,12 @@ async def test_reads_do_not_wait_for_an_open_write(projection: Projection) -> No
         read = await asyncio.wait_for(projection.store.job(ALICE, job.job_id), timeout=5)
         assert read.priority == 50  # the open write is not visible yet
         second = asyncio.create_task(projection.projector.start_attempt(job.job_id, 1, "w1"))
-        await asyncio.sleep(0.2)
-        assert not second.done()  # writers take turns
     finally:
         release.set()
         await writer
     assert (await second).applied
-    assert (await projection.store.job(ALICE, job.job_id)).priority == 7
+    # Had the second writer not waited its turn, the first's commit would have overwritten
+    # the row the second wrote: both writes stand, in turn.
+    row = await projection.store.job(ALICE, job.job_id)
+    assert (row.priority, row.state) == (7, JobState.RUNNING)
+    assert row.updated_at > LONG_AGO

@@ -13,7 +13,7 @@ import pytest
 from activities.adapters import anthropic_messages, openai_compat
 from activities.adapters.base import InvalidOptions
 from activities.adapters.chat import retry_after_s, status_kind
-from activities.errors import ErrorKind
+from projections.lifecycle import ErrorKind
 from promptjobs.runtime import build_adapters
 from promptjobs.settings import Settings
 
@@ -144,7 +144,7 @@ def _registry(**values: Any) -> Any:
         ({"provider": "openai", "temperature": 3}, "options.temperature: Input should be less"),
         ({"provider": "openai", "max_tokens": 0}, "options.max_tokens: Input should be greater"),
         ({"provider": "openai", "model": ""}, "options.model: String should have at least"),
-        ({"provider": "openai", "fake": {}}, "options.fake: Extra inputs"),
+        ({"provider": "openai", "fake": {}}, "options.fake: only the fake provider takes it"),
         ({"provider": "anthropic", "temperature": 0.5}, "takes no temperature"),
         ({"fake": {"fail": ["boom"]}}, "options.fake.fail.0: Input should be"),
         ({"provider": "fake", "temprature": 0.2}, "options.temprature: Extra inputs"),

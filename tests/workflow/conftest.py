@@ -12,11 +12,12 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from api.dispatch import Dispatcher
 from projections.models import Job, JobEvent
-from projections.store import Scope, Submission
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.runtime import Projection, build_dispatcher, open_projection
 from promptjobs.settings import Settings
+from services.dispatch import Dispatcher
 from tests.conftest import make_settings, new_worker
 from workflows.contracts import PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from activities.adapters.base import AdapterRegistry
-from api.dispatch import Dispatcher
 from projections import metrics
 from projections.models import Job
-from projections.store import Accepted, JobStore, Scope, Submission
+from projections.scope import Scope
+from projections.store import JobStore
+from projections.writes import Submission, Submitted
+from services.dispatch import Dispatcher
 
 
 class JobService:
@@ -30,7 +32,7 @@ class JobService:
         """Raise InvalidOptions now rather than fail the job minutes later."""
         self.adapters.validate(options)
 
-    async def submit(self, scope: Scope, submission: Submission) -> Accepted:
+    async def submit(self, scope: Scope, submission: Submission) -> Submitted:
         accepted = await self.store.submit(scope, submission)
         if accepted.created:
             metrics.SUBMISSIONS.labels(org=scope.org).inc()

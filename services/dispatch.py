@@ -18,9 +18,9 @@ from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
-from projections.states import JobState
 from projections.store import JobStore
 from workflows.contracts import PromptJobInput
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
@@ -226,7 +226,7 @@ class Dispatcher:
             transition = Transition(
                 job.job_id,
                 JobState.FAILED,
-                error_kind="unknown",
+                error_kind=ErrorKind.UNKNOWN,
                 error_message=f"workflow closed as {status.name.lower()} without settling the job",
             )
         log.warning("job %s: workflow is %s; settling the row", job.job_id, status.name)

@@ -1,0 +1,55 @@
+"""A job's `options`: the one model the API validates a submission with and the adapters run
+the job by. Typed as JSON is (a stored job's options are the JSON its client sent)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic_core import PydanticCustomError
+
+from projections.lifecycle import ErrorKind
+
+# PostgreSQL text cannot hold NUL; refuse it at the door instead of failing at the INSERT.
+NO_NUL = r"^[^\x00]*$"
+
+# A request body is JSON, so its types are JSON's: "50" is not a priority, true is not 1.
+# Models are strict; the few fields whose JSON form is a string (enums, datetimes) opt out.
+STRICT_BODY = ConfigDict(extra="forbid", strict=True)
+
+
+def _json_integer(value: Any) -> Any:
+    # JSON Schema's integer includes 41.0 but not true or "41"; pydantic's lax int takes all.
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+# Bounds go before it in `Annotated`, or pydantic leaves them out of the JSON schema.
+JSON_INTEGER = (Strict(False), BeforeValidator(_json_integer))
+
+
+class FakeOptions(BaseModel):
+    """`options.fake`: attempt i fails with `fail[i-1]` while i <= len(fail), then succeeds."""
+
+    model_config = STRICT_BODY
+
+    latency_ms: Annotated[int, Field(ge=0, le=3_600_000), *JSON_INTEGER] = 0
+    fail: list[Annotated[ErrorKind, Strict(False)]] = Field(
+        default_factory=list, max_length=20, description="Error kinds of the first attempts"
+    )
+    retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
+
+
+class PromptOptions(BaseModel):
+    """How to run the prompt. `provider` is one of this deployment's providers."""
+
+    model_config = STRICT_BODY
+
+    provider: str | None = Field(default=None, description="Default: the server's provider")
+    # The responses table holds 128 characters of model name.
+    model: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000), *JSON_INTEGER] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    system: str | None = Field(default=None, max_length=100_000, pattern=NO_NUL)
+    fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")

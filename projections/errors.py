@@ -1,0 +1,30 @@
+"""The domain's refusals, raised by the projection and services, rendered once by the API
+(api/problems.py) and once by the CLI."""
+
+from __future__ import annotations
+
+from projections.lifecycle import JobState
+
+
+class NotFound(LookupError):
+    """No `what` with this id is visible to the caller (another org's is not found either)."""
+
+    def __init__(self, what: str, ident: str) -> None:
+        super().__init__(f"no {what} {ident!r}")
+        self.what = what
+        self.ident = ident
+
+
+class InvalidState(Exception):
+    """The job is not in a state that allows the action (cancel a settled job, retry a live one)."""
+
+    def __init__(self, job_id: str, state: JobState, action: str) -> None:
+        # Values, not the row: the transaction that raised this rolls back and expires it.
+        self.job_id = job_id
+        self.state = state
+        self.action = action
+        super().__init__(f"job {job_id} is {state.value}; cannot {action} it")
+
+
+class IdempotencyConflict(Exception):
+    """The same Idempotency-Key was used before with a different request body."""

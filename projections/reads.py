@@ -1,0 +1,166 @@
+"""The job store's reads, each scoped to the caller: one job, changes after a cursor, events,
+prompts with their jobs, responses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.errors import NotFound
+from projections.lifecycle import JobState
+from projections.models import Job, JobEvent, Prompt, Response
+from projections.scope import Scope, plausible, scoped, visible
+
+
+@dataclass
+class Page:
+    """One page of `jobs_changed_since`: the jobs, and the cursor to pass next."""
+
+    jobs: list[Job]
+    next_cursor: int
+
+
+class JobReads:
+    sessions: async_sessionmaker[AsyncSession]
+
+    async def job(self, scope: Scope, job_id: str) -> Job:
+        if not plausible(job_id):
+            raise NotFound("job", job_id)
+        async with self.sessions() as session:
+            job = await session.get(Job, job_id)
+        if job is None or not visible(job, scope):
+            raise NotFound("job", job_id)
+        return job
+
+    async def jobs_changed_since(
+        self, scope: Scope, since: int, limit: int, state: JobState | None = None
+    ) -> Page:
+        """The caller's jobs whose last change is after `since`, in change order.
+
+        The log's newest id is read first. Event ids commit in order (see `lock_event_log`),
+        so the query that follows sees every change up to that id; a page shorter than
+        `limit` therefore holds every job changed after `since`, and the cursor may move to
+        that id (or the page's last change, if later) even when no job of the caller's
+        changed or none matched `state`. An empty page means: caught up."""
+        async with self.sessions() as session:
+            newest = await self._newest_event_id(session)
+            stmt = changed_since_query(scope, since, limit, state)
+            jobs = list((await session.execute(stmt)).scalars())
+        if len(jobs) == limit:
+            return Page(jobs, jobs[-1].last_event_id)
+        return Page(jobs, max(since, newest, *(job.last_event_id for job in jobs)))
+
+    async def events_since(
+        self,
+        scope: Scope,
+        since: int,
+        limit: int,
+        job_id: str | None = None,
+        prompt_id: str | None = None,
+    ) -> list[JobEvent]:
+        stmt = events_query(scope, since, limit, job_id, prompt_id)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def job_events(self, scope: Scope, job_id: str) -> list[JobEvent]:
+        await self.job(scope, job_id)
+        async with self.sessions() as session:
+            stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            return list((await session.execute(stmt)).scalars())
+
+    async def latest_event_id(self) -> int:
+        async with self.sessions() as session:
+            return await self._newest_event_id(session)
+
+    @staticmethod
+    async def _newest_event_id(session: AsyncSession) -> int:
+        return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
+
+    async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
+        if not plausible(prompt_id):
+            raise NotFound("prompt", prompt_id)
+        async with self.sessions() as session:
+            prompt = await session.get(Prompt, prompt_id)
+            if prompt is None or not visible(prompt, scope):
+                raise NotFound("prompt", prompt_id)
+            jobs = (
+                await session.execute(
+                    select(Job)
+                    .where(Job.prompt_id == prompt_id)
+                    .order_by(Job.created_at, Job.job_id)
+                )
+            ).scalars()
+            return prompt, list(jobs)
+
+    async def prompts_before(
+        self, scope: Scope, limit: int, before: str | None = None
+    ) -> list[tuple[Prompt, list[Job]]]:
+        """The caller's prompts newest first (by creation, not by what their jobs did), each
+        with its jobs oldest first; `before` is the last prompt id of the previous page."""
+        stmt = scoped(select(Prompt), Prompt, scope)
+        async with self.sessions() as session:
+            if before is not None:
+                edge = await session.get(Prompt, before)
+                if edge is None or not visible(edge, scope):
+                    raise NotFound("prompt", before)
+                # prompt_id breaks ties between prompts created in the same microsecond.
+                stmt = stmt.where(
+                    or_(
+                        Prompt.created_at < edge.created_at,
+                        and_(Prompt.created_at == edge.created_at, Prompt.prompt_id < before),
+                    )
+                )
+            stmt = stmt.order_by(Prompt.created_at.desc(), Prompt.prompt_id.desc()).limit(limit)
+            prompts = list((await session.execute(stmt)).scalars())
+            jobs: dict[str, list[Job]] = {prompt.prompt_id: [] for prompt in prompts}
+            if prompts:
+                rows = await session.execute(
+                    select(Job).where(Job.prompt_id.in_(jobs)).order_by(Job.created_at)
+                )
+                for job in rows.scalars():
+                    jobs[job.prompt_id].append(job)
+        return [(prompt, jobs[prompt.prompt_id]) for prompt in prompts]
+
+    async def response(self, scope: Scope, response_id: str) -> Response:
+        if not plausible(response_id):
+            raise NotFound("response", response_id)
+        async with self.sessions() as session:
+            response = await session.get(Response, response_id)
+        if response is None or not visible(response, scope):
+            raise NotFound("response", response_id)
+        return response
+
+    async def prompt_of(self, job: Job) -> Prompt:
+        async with self.sessions() as session:
+            prompt = await session.get(Prompt, job.prompt_id)
+        assert prompt is not None
+        return prompt
+
+
+def changed_since_query(
+    scope: Scope, since: int, limit: int, state: JobState | None = None
+) -> Select[Any]:
+    """Served by ix_jobs_org[_author][_state]_last_event: an index range scan, no sort."""
+    stmt = scoped(select(Job), Job, scope).where(Job.last_event_id > since)
+    if state is not None:
+        stmt = stmt.where(Job.state == state)
+    return stmt.order_by(Job.last_event_id).limit(limit)
+
+
+def events_query(
+    scope: Scope,
+    since: int,
+    limit: int,
+    job_id: str | None = None,
+    prompt_id: str | None = None,
+) -> Select[Any]:
+    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index."""
+    stmt = scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
+    if job_id is not None:
+        stmt = stmt.where(JobEvent.job_id == job_id)
+    if prompt_id is not None:
+        stmt = stmt.where(JobEvent.prompt_id == prompt_id)
+    return stmt.order_by(JobEvent.id).limit(limit)

@@ -1,0 +1,59 @@
+"""The job row as clients see it: one shape for the event log's data, polling and the API.
+
+The projector stores it in each job event (so an SSE client gets the row as it was after
+that transition); the API serves the same model (api/schemas.JobOut) for `GET /v1/jobs`.
+A field added here appears in both, and in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer
+
+from projections.lifecycle import ErrorKind, JobState
+from projections.models import Job
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.astimezone(UTC) if value is not None else None
+
+
+def _iso(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+# UTC ISO-8601 with `Z`, whatever zone the database session handed back.
+Timestamp = Annotated[
+    datetime, AfterValidator(_utc), PlainSerializer(_iso, return_type=str, when_used="json")
+]
+
+
+class JobRow(BaseModel):
+    """shared/DESIGN.md's job row (UTC ISO-8601 timestamps)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    job_id: str
+    prompt_id: str
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    error_kind: ErrorKind | None
+    error_message: str | None
+    next_attempt_at: Timestamp | None
+    response_id: str | None
+    supersedes: str | None
+    superseded_by: str | None
+    scheduled_for: Timestamp | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """The row as JSON-ready values (what a job event stores)."""
+    return JobRow.model_validate(job).model_dump(mode="json")

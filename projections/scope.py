@@ -1,0 +1,60 @@
+"""Who is asking, and what of the projection they may see: tenancy in one place."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Select
+
+from projections.models import Job, Prompt, Response
+
+OPERATOR_ROLE = "operator"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who is asking. Admins see their whole org; members only what they authored; the
+    operator (the CLI on the service's own database, never an API key) sees every org."""
+
+    org: str
+    user: str
+    role: str = "member"
+
+    @classmethod
+    def operator(cls, user: str = "operator") -> Scope:
+        return cls("*", user, OPERATOR_ROLE)
+
+    @property
+    def all_orgs(self) -> bool:
+        return self.role == OPERATOR_ROLE
+
+    @property
+    def author(self) -> str | None:
+        return None if self.role in ("admin", OPERATOR_ROLE) else self.user
+
+
+# Ids we issue are short and plain; anything else cannot name a row, and asking the database
+# about it (PostgreSQL rejects NUL in text) would only turn a 404 into a 500.
+_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def plausible(ident: str) -> bool:
+    return _ID_SHAPE.fullmatch(ident) is not None
+
+
+def scoped(stmt: Select[Any], model: Any, scope: Scope) -> Select[Any]:
+    """`stmt` narrowed to the rows of `model` that `scope` may see."""
+    if scope.all_orgs:
+        return stmt
+    stmt = stmt.where(model.org == scope.org)
+    if scope.author is not None:
+        stmt = stmt.where(model.author == scope.author)
+    return stmt
+
+
+def visible(row: Job | Prompt | Response, scope: Scope) -> bool:
+    if scope.all_orgs:
+        return True
+    return row.org == scope.org and (scope.author is None or row.author == scope.author)

@@ -1,0 +1,120 @@
+"""What every CLI command shares: its one error type, the event loop, tables and JSON for
+output, and the reading of dates, ages and states from options."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Coroutine, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from projections.lifecycle import JobState
+from projections.models import Job
+from projections.projector import utcnow
+from projections.rows import job_row
+
+T = TypeVar("T")
+
+
+class CliError(Exception):
+    """Printed as one line on stderr; the command exits 1."""
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+# -- output ------------------------------------------------------------------------------
+
+
+def console() -> Console:
+    # Wide when piped, so ids are never cut; a terminal keeps its own width.
+    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    out = Table(title=title, title_justify="left")
+    for column in columns:
+        out.add_column(column, overflow="fold")
+    for row in rows:
+        out.add_row(*("" if value is None else str(value) for value in row))
+    return out
+
+
+def emit_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def iso(value: datetime | None) -> str | None:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else None
+
+
+def short(value: datetime | None) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+JOB_COLUMNS = ("job", "org", "state", "prio", "attempt", "error", "created", "started", "finished")
+
+
+def job_cells(job: Job) -> list[Any]:
+    return [
+        job.job_id,
+        job.org,
+        job.state.value,
+        job.priority,
+        f"{job.attempt}/{job.max_attempts}",
+        job.error_kind,
+        short(job.created_at),
+        short(job.started_at),
+        short(job.finished_at),
+    ]
+
+
+def operator_row(job: Job) -> dict[str, Any]:
+    """The client's job row plus what only an operator sees."""
+    return {**job_row(job), "org": job.org, "author": job.author, "worker": job.worker}
+
+
+# -- input -------------------------------------------------------------------------------
+
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_when(value: str, option: str) -> datetime:
+    """An ISO-8601 date or time (UTC unless it says otherwise), or an age such as 7d or 12h."""
+    ago = _AGO.match(value.strip())
+    if ago:
+        return utcnow() - timedelta(**{_UNIT[ago.group(2)]: float(ago.group(1))})
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError as err:
+        raise CliError(
+            f"{option} wants an ISO-8601 date/time (2025-01-31, 2025-01-31T12:00Z) or an age "
+            f"(30m, 12h, 7d), not {value!r}"
+        ) from err
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def parse_state(value: str | None) -> JobState | None:
+    if value is None:
+        return None
+    try:
+        return JobState(value)
+    except ValueError as err:
+        raise CliError(
+            f"--state must be one of {', '.join(s.value for s in JobState)}, not {value!r}"
+        ) from err
