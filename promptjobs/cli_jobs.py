@@ -54,6 +54,8 @@ jobs_app = typer.Typer(
 OPERATOR = Scope.operator()
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts")]
 WORKERS_SEEN_S = 3600.0
+# The columns of `status`'s worker table, in operations.WorkerSeen's order.
+WORKER_COUNTS = (JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 def register(app: typer.Typer) -> None:
@@ -307,7 +309,7 @@ def status(as_json: JsonOpt = False) -> None:
     out.print(
         table(
             "workers seen in the last hour (from the jobs they ran)",
-            ("worker", "last seen", "running", "succeeded", "failed", "cancelled"),
+            ("worker", "last seen", *(state.value for state in WORKER_COUNTS)),
             (
                 (w.worker, short(w.last_seen), w.running, w.succeeded, w.failed, w.cancelled)
                 for w in health.workers
