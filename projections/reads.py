@@ -9,10 +9,9 @@ from typing import Any
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.errors import NotFound
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, Prompt, Response
-from projections.scope import Scope, plausible, scoped, visible
+from projections.scope import Scope, get_visible, scoped
 
 
 @dataclass
@@ -27,13 +26,8 @@ class JobReads:
     sessions: async_sessionmaker[AsyncSession]
 
     async def job(self, scope: Scope, job_id: str) -> Job:
-        if not plausible(job_id):
-            raise NotFound("job", job_id)
         async with self.sessions() as session:
-            job = await session.get(Job, job_id)
-        if job is None or not visible(job, scope):
-            raise NotFound("job", job_id)
-        return job
+            return await get_visible(session, Job, "job", job_id, scope)
 
     async def jobs_changed_since(
         self, scope: Scope, since: int, limit: int, state: JobState | None = None
@@ -80,12 +74,8 @@ class JobReads:
         return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
 
     async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
-        if not plausible(prompt_id):
-            raise NotFound("prompt", prompt_id)
         async with self.sessions() as session:
-            prompt = await session.get(Prompt, prompt_id)
-            if prompt is None or not visible(prompt, scope):
-                raise NotFound("prompt", prompt_id)
+            prompt = await get_visible(session, Prompt, "prompt", prompt_id, scope)
             jobs = (
                 await session.execute(
                     select(Job)
@@ -103,9 +93,7 @@ class JobReads:
         stmt = scoped(select(Prompt), Prompt, scope)
         async with self.sessions() as session:
             if before is not None:
-                edge = await session.get(Prompt, before)
-                if edge is None or not visible(edge, scope):
-                    raise NotFound("prompt", before)
+                edge = await get_visible(session, Prompt, "prompt", before, scope)
                 # prompt_id breaks ties between prompts created in the same microsecond.
                 stmt = stmt.where(
                     or_(
@@ -125,13 +113,8 @@ class JobReads:
         return [(prompt, jobs[prompt.prompt_id]) for prompt in prompts]
 
     async def response(self, scope: Scope, response_id: str) -> Response:
-        if not plausible(response_id):
-            raise NotFound("response", response_id)
         async with self.sessions() as session:
-            response = await session.get(Response, response_id)
-        if response is None or not visible(response, scope):
-            raise NotFound("response", response_id)
-        return response
+            return await get_visible(session, Response, "response", response_id, scope)
 
     async def prompt_of(self, job: Job) -> Prompt:
         async with self.sessions() as session:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from projections.errors import NotFound
 from projections.models import Job, Prompt, Response
+
+Row = TypeVar("Row", Job, Prompt, Response)
 
 OPERATOR_ROLE = "operator"
 
@@ -58,3 +62,13 @@ def visible(row: Job | Prompt | Response, scope: Scope) -> bool:
     if scope.all_orgs:
         return True
     return row.org == scope.org and (scope.author is None or row.author == scope.author)
+
+
+async def get_visible(
+    session: AsyncSession, model: type[Row], what: str, ident: str, scope: Scope
+) -> Row:
+    """The row `ident` of `model` if `scope` may see it; otherwise NotFound, as for no row."""
+    row = await session.get(model, ident) if plausible(ident) else None
+    if row is None or not visible(row, scope):
+        raise NotFound(what, ident)
+    return row
