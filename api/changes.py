@@ -222,6 +222,9 @@ class ChangeFeed:
         self.max_streams = max_streams
         self.max_streams_per_key = max_streams_per_key
         self.buffer_events = buffer_events
+        # One read never brings a stream more than its buffer holds: only a stream that
+        # did not take the previous batch can overflow.
+        self.read_batch = min(READ_BATCH, buffer_events)
         self.poll_interval_s = poll_interval_s
         self.key_check_s = key_check_s
         self.closed = False
@@ -328,7 +331,7 @@ class ChangeFeed:
         while self._streams and not self.closed:
             self._wake.clear()
             try:
-                batch = await self._read_after(self.position, READ_BATCH)
+                batch = await self._read_after(self.position, self.read_batch)
                 self.reads += 1
             except (SQLAlchemyError, OSError) as err:
                 # Streams stay open; the next interval tries again from the same position.
@@ -339,7 +342,7 @@ class ChangeFeed:
             if loop.time() >= next_key_check:
                 await self._end_revoked()
                 next_key_check = loop.time() + self.key_check_s
-            if len(batch) == READ_BATCH:
+            if len(batch) == self.read_batch:
                 continue
             try:
                 async with asyncio.timeout(self.poll_interval_s):
