@@ -216,7 +216,7 @@ class ChangeFeed:
         max_streams: int = 2000,
         max_streams_per_key: int = 50,
         buffer_events: int = 1000,
-        poll_interval_s: float = 0.05,
+        poll_interval_s: float = 0.02,
         key_check_s: float = 5.0,
     ) -> None:
         self.max_streams = max_streams

@@ -52,8 +52,10 @@ def serve(stats: Path) -> None:
     event.listen(Engine, "before_cursor_execute", count)
 
     def write() -> None:
+        scratch = stats.with_suffix(".tmp")
         while True:
-            stats.write_text(str(statements))
+            scratch.write_text(str(statements))
+            scratch.replace(stats)  # atomic: a reader never sees a half-written file
             time.sleep(0.05)
 
     threading.Thread(target=write, daemon=True).start()
@@ -123,8 +125,31 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def run_once(database_url: str, streams: int, commits: int, code: str | None) -> dict[str, Any]:
-    from bench.harness import LOGS, free_port, percentile, scratch
+def start_api(stats: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    from bench.harness import LOGS
+
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = (LOGS / "stream-fanout-api.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, str(HERE), "--serve", str(stats)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+    )
+
+
+def start_client(options: dict[str, Any]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE), "--client", json.dumps(options)],
+        stdout=subprocess.PIPE,
+    )
+
+
+async def run_once(
+    database_url: str, streams: int, commits: int, code: str | None
+) -> dict[str, Any]:
+    from bench.harness import free_port, percentile, scratch
     from projections.keys import create_key
     from projections.store import Scope, Submission
     from promptjobs.runtime import open_projection
@@ -154,29 +179,19 @@ async def run_once(database_url: str, streams: int, commits: int, code: str | No
                 for i in range(ORGS)
             ]
             scopes = [Scope(f"org{i}", "admin", "admin") for i in range(ORGS)]
-            LOGS.mkdir(parents=True, exist_ok=True)
-            log = (LOGS / "stream-fanout-api.log").open("wb")
-            api = subprocess.Popen(
-                [sys.executable, str(HERE), "--serve", str(stats)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=data_dir,
-            )
+            api = start_api(stats, env, data_dir)
             try:
                 await wait_healthy(port, api)
                 rss_idle = rss_mb(api.pid)
                 per_stream = commits // ORGS
-                reader = subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(HERE),
-                        "--client",
-                        json.dumps({"port": port, "keys": keys, "streams": streams,
-                                    "expect": per_stream, "timeout_s": 120}),
-                    ],  # fmt: skip
-                    stdout=subprocess.PIPE,
-                    env={**os.environ, "PYTHONPATH": str(HERE.parents[1])},
+                reader = start_client(
+                    {
+                        "port": port,
+                        "keys": keys,
+                        "streams": streams,
+                        "expect": per_stream,
+                        "timeout_s": 120,
+                    }
                 )
                 assert reader.stdout is not None
                 line = await asyncio.to_thread(reader.stdout.readline)

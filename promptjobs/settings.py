@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     """How often the reconciler compares unsettled rows with their workflows."""
     reconciler_grace_s: float = 60.0
     """How long a row may go unchanged before the reconciler looks at its workflow."""
-    sse_poll_interval_s: float = 0.05
+    sse_poll_interval_s: float = 0.02
     """The one reader of the event log per API process looks for new events this often
     while streams are open, to notice commits of other processes (SQLite; a safety net on
     PostgreSQL, where LISTEN/NOTIFY wakes it). Commits of its own process wake it at once."""
