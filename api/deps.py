@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.changes import ChangeFeed
 from api.problems import Problem
-from projections.keys import authenticate
+from projections.keys import authenticate, key_id_of
 from projections.scope import Scope
 from projections.store import JobStore
 from services.jobs import JobService
@@ -22,8 +22,8 @@ class Services:
     jobs: JobService
     feed: ChangeFeed
     max_prompt_bytes: int
-    sse_poll_interval_s: float
     sse_keepalive_s: float
+    sse_max_lifetime_s: float
 
 
 def get_services(request: Request) -> Services:
@@ -65,6 +65,15 @@ async def get_caller(
     return await _authenticate(services, credentials.credentials if credentials else None)
 
 
+@dataclass(frozen=True)
+class Streamer:
+    """The caller of a stream, and which key it came with: streams are bounded per key, and
+    end when their key is revoked."""
+
+    scope: Scope
+    key_id: str
+
+
 async def get_stream_caller(
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -75,15 +84,19 @@ async def get_stream_caller(
             "`EventSource`); the `Authorization` header is preferred and wins when both are sent"
         ),
     ] = None,
-) -> Scope:
+) -> Streamer:
     """For GET /v1/events only: a key in the URL can end up in logs and history, so no other
     route accepts one."""
     token = credentials.credentials if credentials else access_token
-    return await _authenticate(services, token)
+    scope = await _authenticate(services, token)
+    assert token is not None
+    key_id = key_id_of(token)
+    assert key_id is not None  # authenticated, so well formed
+    return Streamer(scope, key_id)
 
 
 Caller = Annotated[Scope, Depends(get_caller)]
-StreamCaller = Annotated[Scope, Depends(get_stream_caller)]
+StreamCaller = Annotated[Streamer, Depends(get_stream_caller)]
 
 
 async def require_json(request: Request) -> None:

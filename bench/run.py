@@ -12,6 +12,7 @@ NAMES = [
     "event_latency",
     "crash_recovery",
     "polling_cost",
+    "stream_fanout",
 ]
 
 

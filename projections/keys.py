@@ -51,13 +51,30 @@ async def create_key(
     return IssuedKey(key_id, token, Scope(org, user, role))
 
 
-async def authenticate(sessions: async_sessionmaker[AsyncSession], token: str) -> Scope | None:
+def key_id_of(token: str) -> str | None:
+    """The key id a bearer token names (`pj_<key id>_<secret>`), unverified."""
     parts = token.split("_", 2)
     if len(parts) != 3 or parts[0] != PREFIX:
         return None
+    return parts[1]
+
+
+async def live_key_ids(sessions: async_sessionmaker[AsyncSession], key_ids: set[str]) -> set[str]:
+    """Those of `key_ids` that still exist and are not revoked: one query for any number."""
+    async with sessions() as session:
+        rows = await session.execute(
+            select(ApiKey.key_id).where(ApiKey.key_id.in_(key_ids), ApiKey.revoked_at.is_(None))
+        )
+        return set(rows.scalars())
+
+
+async def authenticate(sessions: async_sessionmaker[AsyncSession], token: str) -> Scope | None:
+    key_id = key_id_of(token)
+    if key_id is None:
+        return None
     async with sessions() as session:
         key = (
-            await session.execute(select(ApiKey).where(ApiKey.key_id == parts[1]))
+            await session.execute(select(ApiKey).where(ApiKey.key_id == key_id))
         ).scalar_one_or_none()
     if key is None or key.revoked_at is not None:
         return None

@@ -54,8 +54,21 @@ class JobReads:
         limit: int,
         job_id: str | None = None,
         prompt_id: str | None = None,
+        until: int | None = None,
     ) -> list[JobEvent]:
+        """The caller's events after `since` (and up to `until`), in log order."""
         stmt = events_query(scope, since, limit, job_id, prompt_id)
+        if until is not None:
+            stmt = stmt.where(JobEvent.id <= until)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def events_after(self, after: int, limit: int) -> list[JobEvent]:
+        """Every org's events after `after`, in log order: what an API process's one reader
+        tails (api/changes.py). The one place that knows when an id is safe to read past:
+        today ids commit in order (`lock_event_log`), so whatever this returns has no
+        smaller id still to come; a different ordering scheme changes this method only."""
+        stmt = select(JobEvent).where(JobEvent.id > after).order_by(JobEvent.id).limit(limit)
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 

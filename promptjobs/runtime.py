@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from api.app import create_app
 from api.changes import ChangeFeed
 from api.deps import Services
 from projections.db import create_engine, migrate, session_factory
+from projections.keys import live_key_ids
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
@@ -58,13 +60,21 @@ async def open_projection(
         await asyncio.to_thread(migrate, url)
     engine = create_engine(url, pool_size=settings.database_pool_size)
     sessions = session_factory(engine)
-    feed = ChangeFeed()
+    feed = ChangeFeed(
+        max_streams=settings.sse_max_streams,
+        max_streams_per_key=settings.sse_max_streams_per_key,
+        buffer_events=settings.sse_buffer_events,
+        poll_interval_s=settings.sse_poll_interval_s,
+        key_check_s=settings.sse_key_check_s,
+    )
     projector = Projector(sessions, on_commit=feed.notify)
+    store = JobStore(sessions, projector)
+    feed.attach(store.events_after, store.latest_event_id, partial(live_key_ids, sessions))
     listener = None
     if listen and engine.dialect.name == "postgresql":
         listener = asyncio.create_task(EventListener(url, feed.notify).run(), name="listen")
     try:
-        yield Projection(engine, sessions, projector, JobStore(sessions, projector), feed)
+        yield Projection(engine, sessions, projector, store, feed)
     finally:
         if listener is not None:
             listener.cancel()
@@ -187,8 +197,8 @@ def build_app(
             jobs=jobs,
             feed=projection.feed,
             max_prompt_bytes=settings.max_prompt_bytes,
-            sse_poll_interval_s=settings.sse_poll_interval_s,
             sse_keepalive_s=settings.sse_keepalive_s,
+            sse_max_lifetime_s=settings.sse_max_lifetime_s,
         )
     )
 

@@ -98,12 +98,27 @@ class Settings(BaseSettings):
     """How often the reconciler compares unsettled rows with their workflows."""
     reconciler_grace_s: float = 60.0
     """How long a row may go unchanged before the reconciler looks at its workflow."""
-    sse_poll_interval_s: float = 0.05
-    """One watcher per API process reads the event log's newest id this often while streams
-    are open, to notice commits of other processes (SQLite; a safety net on PostgreSQL,
-    where LISTEN/NOTIFY wakes streams)."""
+    sse_poll_interval_s: float = 0.02
+    """The one reader of the event log per API process looks for new events this often
+    while streams are open, to notice commits of other processes (SQLite; a safety net on
+    PostgreSQL, where LISTEN/NOTIFY wakes it). Commits of its own process wake it at once."""
     sse_keepalive_s: float = 15.0
     """Interval of SSE keep-alive comments on an idle stream."""
+    sse_max_streams: int = Field(default=2000, ge=1)
+    """Open `GET /v1/events` streams one API process serves; past it a new stream is a `429`
+    with `Retry-After` (another API process behind the load balancer may have room)."""
+    sse_max_streams_per_key: int = Field(default=50, ge=1)
+    """Open streams one API key may hold on one API process; past it a new one is a `429`."""
+    sse_max_lifetime_s: float = Field(default=3600.0, gt=0)
+    """A stream ends cleanly after this long (less up to 10 %, so streams opened together do
+    not all reconnect together); the client reconnects with `Last-Event-ID` and misses
+    nothing. Bounds how long a connection holds a slot and an authorisation."""
+    sse_buffer_events: int = Field(default=1000, ge=1)
+    """Events queued for one stream whose client reads slower than they come; past it the
+    stream is ended cleanly and the client resumes from the log with `Last-Event-ID`."""
+    sse_key_check_s: float = Field(default=5.0, gt=0)
+    """How often open streams' API keys are checked (one query for all of them): a revoked
+    key's streams end within this long."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long a worker lets in-flight calls finish (then they are retried
     elsewhere), and how long the API lets in-flight requests finish."""

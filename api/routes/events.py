@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
+from api.changes import StreamLimit, StreamScope, frame
 from api.deps import ServicesDep, StreamCaller
-from api.problems import problem_responses
+from api.problems import Problem, problem_responses
 from api.routes.jobs import CURSOR_PATTERN
-from api.schemas import JobOut
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 
 BATCH = 200
 # Tells a browser's EventSource how soon to reconnect after a drop.
 RECONNECT_MS = 1000
+# A 429 for too many streams: try again after this long (another stream may have ended).
+STREAM_RETRY_AFTER_S = 5
+LIFETIME_JITTER = 0.1
+SEND_TIMEOUT_S = 60.0
 
 
 @router.get(
@@ -30,12 +36,11 @@ RECONNECT_MS = 1000
             "`data:` the job row (the JobOut schema) as it was after that transition; "
             "`: ping` comments keep idle connections open",
         },
-        **problem_responses(401, 404, 422),
+        **problem_responses(401, 404, 422, 429),
     },
     response_class=EventSourceResponse,
 )
 async def stream_events(
-    request: Request,
     caller: StreamCaller,
     services: ServicesDep,
     since: Annotated[
@@ -60,41 +65,70 @@ async def stream_events(
     `since`) set to the last `id:` you received and the stream resumes with the next event:
     no gap, no repeat. Each event's data is the row `GET /v1/jobs` returns for that change.
     Authenticate with `Authorization: Bearer <key>`, or, from a browser `EventSource` (which
-    cannot send headers), with `?access_token=<key>`."""
-    if job_id is not None:
-        await services.store.job(caller, job_id)
-    if prompt_id is not None:
-        await services.store.prompt(caller, prompt_id)
-    resume = last_event_id if last_event_id is not None else since
-    cursor = int(resume) if resume is not None else await services.store.latest_event_id()
+    cannot send headers), with `?access_token=<key>`.
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
-        nonlocal cursor
-        feed = services.feed
-        async with feed.watching(services.store.latest_event_id, services.sse_poll_interval_s):
+    A stream ends cleanly after `PROMPTJOBS_SSE_MAX_LIFETIME_S`, when its client reads too
+    slowly, when its key is revoked, or when the API shuts down: reconnect with
+    `Last-Event-ID` and nothing is missed. Too many open streams (per key, per API process)
+    is a `429` with `Retry-After`."""
+    scope = caller.scope
+    if job_id is not None:
+        await services.store.job(scope, job_id)
+    if prompt_id is not None:
+        await services.store.prompt(scope, prompt_id)
+    resume = last_event_id if last_event_id is not None else since
+    feed = services.feed
+    try:
+        sub = await feed.subscribe(StreamScope.of(scope, job_id, prompt_id), caller.key_id)
+    except StreamLimit as err:
+        raise Problem(
+            429,
+            "too_many_streams",
+            "Too many event streams",
+            err.detail,
+            headers={"Retry-After": str(STREAM_RETRY_AFTER_S)},
+        ) from err
+    # Streams opened together (after a deploy, say) should not all end together.
+    lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
+
+    async def events() -> AsyncIterator[ServerSentEvent | bytes]:
+        # Delivered up to here; the live feed starts after `sub.start`, and whatever came
+        # before that (the resume's backlog) is read from the log, so the seam has no gap,
+        # and dropping what is not after `cursor` leaves no duplicate.
+        cursor = int(resume) if resume is not None else sub.start
+        deadline = asyncio.get_running_loop().time() + lifetime_s
+        try:
             yield ServerSentEvent(comment="connected", retry=RECONNECT_MS)
-            while True:
-                changed = feed.current()
+            while cursor < sub.start and sub.ended is None:
                 # A client leaving cancels this generator; a read cut off inside its
                 # transaction could leave SQLite's lock held, so the read finishes regardless.
-                batch = await asyncio.shield(
+                backlog = await asyncio.shield(
                     services.store.events_since(
-                        caller, cursor, BATCH, job_id=job_id, prompt_id=prompt_id
+                        scope, cursor, BATCH, job_id=job_id, prompt_id=prompt_id, until=sub.start
                     )
                 )
-                for event in batch:
-                    cursor = event.id
-                    row = JobOut.model_validate(event.data).model_dump_json()
-                    yield ServerSentEvent(data=row, event=event.type, id=str(event.id))
-                if len(batch) == BATCH:
-                    continue
-                # The API is shutting down (feed closed) or the client left: end the stream.
-                if feed.closed or await request.is_disconnected():
-                    return
-                try:
-                    # The feed wakes us on a commit; the timeout is only a safety net.
-                    await asyncio.wait_for(changed.wait(), services.sse_keepalive_s)
-                except TimeoutError:
-                    pass
+                if not backlog:
+                    break
+                yield b"".join(frame(event) for event in backlog)
+                cursor = backlog[-1].id
+            while sub.ended is None:
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    return  # the lifetime is over: the client resumes with Last-Event-ID
+                live = [event for event in await sub.take(remaining) if event.id > cursor]
+                if live:
+                    # Everything queued goes out in one write: many small events of one job
+                    # cost one send, not one each.
+                    yield b"".join(event.frame for event in live)
+                    cursor = live[-1].id
+        finally:
+            feed.unsubscribe(sub)
 
-    return EventSourceResponse(events(), ping=services.sse_keepalive_s)
+    return EventSourceResponse(
+        events(),
+        ping=services.sse_keepalive_s,
+        # A client that stops reading altogether: its connection is dropped, not kept.
+        send_timeout=SEND_TIMEOUT_S,
+        # If the stream never starts (the client left at once), its slot is freed anyway.
+        background=BackgroundTask(feed.unsubscribe, sub),
+    )

@@ -3,7 +3,6 @@ the change feed."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -12,11 +11,13 @@ from pydantic import ValidationError
 
 from activities.adapters.base import AdapterRegistry
 from activities.adapters.fake import FakeAdapter
-from api.changes import ChangeFeed
+from api.changes import ChangeFeed, StreamScope
 from api.openapi import exact_openapi
 from api.problems import CURSOR_HINT, PROBLEM_JSON, validation_problem
 from api.routes import events, health, jobs, prompts, responses
 from api.schemas import SubmitPrompt
+from projections.lifecycle import JobState
+from projections.models import JobEvent
 from tests.conftest import eventually
 
 
@@ -100,26 +101,37 @@ def test_the_openapi_document_types_every_error_as_problem_json() -> None:
     assert provider["anyOf"][0]["enum"] == ["fake"]
 
 
-async def test_change_feed_wakes_streams_on_commits_it_did_not_see() -> None:
-    feed = ChangeFeed()
-    newest = 0
-    reads = 0
+def _event(event_id: int, org: str, author: str = "alice") -> JobEvent:
+    return JobEvent(
+        id=event_id, type="job.state_changed", job_id=f"job{event_id}", prompt_id="p",
+        org=org, author=author, state=JobState.QUEUED, data={},
+    )  # fmt: skip
 
-    async def newest_id() -> int:
-        nonlocal reads
-        reads += 1
-        return newest
 
-    async def reads_so_far() -> int:
-        return reads
+async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_them() -> None:
+    feed = ChangeFeed(poll_interval_s=0.01)
+    log: list[JobEvent] = []
 
-    async def watching() -> bool:
-        return feed.watching_now
+    async def read_after(after: int, limit: int) -> list[JobEvent]:
+        return [e for e in log if e.id > after][:limit]
 
-    async with feed.watching(newest_id, 0.01):
-        waiting = feed.current()
-        await eventually(reads_so_far, lambda n: n >= 2)  # the watcher has its baseline
-        newest = 5  # another process commits
-        await asyncio.wait_for(waiting.wait(), 5)
-    # With no stream left, the watcher stops by itself.
-    await eventually(watching, lambda active: not active)
+    async def newest() -> int:
+        return log[-1].id if log else 0
+
+    async def live(keys: set[str]) -> set[str]:
+        return keys
+
+    async def reading() -> bool:
+        return feed.reading_now
+
+    feed.attach(read_after, newest, live)
+    acme = await feed.subscribe(StreamScope("acme"), "k1")
+    bob = await feed.subscribe(StreamScope("acme", author="bob"), "k2")
+    # Another process commits: nobody calls notify(), the reader's poll finds them.
+    log.extend([_event(1, "acme"), _event(2, "globex"), _event(3, "acme", "bob")])
+    assert [e.id for e in await acme.take(5)] == [1, 3]
+    assert [e.id for e in await bob.take(5)] == [3]
+    feed.unsubscribe(acme)
+    feed.unsubscribe(bob)
+    # With no stream left, the reader stops by itself.
+    await eventually(reading, lambda active: not active)
