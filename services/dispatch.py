@@ -28,10 +28,15 @@ from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 log = logging.getLogger("promptjobs.dispatch")
 
 
-def temporal_priority(priority: int) -> Priority:
-    """Our 0 (most urgent) … 100 onto Temporal's default five priority keys (1 is first);
-    the org is the fairness key, so one org's burst cannot starve another's."""
-    return Priority(priority_key=1 + min(100, max(0, priority)) * 4 // 100)
+# Temporal's matcher tells apart only `matching.priorityLevels` keys (default 5); the dev
+# server and docker-compose's dynamic config raise it to this, one level per priority.
+PRIORITY_LEVELS = 101
+
+
+def temporal_priority(priority: int, org: str) -> Priority:
+    """Our 0 (most urgent) … 100 onto Temporal's priority keys 1 … 101 (1 is first), one key
+    per priority; the org is the fairness key, so one org's burst cannot starve another's."""
+    return Priority(priority_key=1 + min(100, max(0, priority)), fairness_key=org)
 
 
 class TemporalUnreachable(Exception):
@@ -131,7 +136,6 @@ class Dispatcher:
         if job.scheduled_for is not None:
             wait = job.scheduled_for - datetime.now(UTC)
             delay = wait if wait > timedelta(0) else None
-        priority = temporal_priority(job.priority)
         workflow_input = self.workflow_input(job)
         try:
             await self.client.start_workflow(
@@ -142,7 +146,7 @@ class Dispatcher:
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 start_delay=delay,
-                priority=Priority(priority_key=priority.priority_key, fairness_key=job.org),
+                priority=temporal_priority(job.priority, job.org),
                 search_attributes=initial_search_attributes(workflow_input),
                 static_summary=f"{job.org} · priority {job.priority} · prompt {job.prompt_id}",
             )
