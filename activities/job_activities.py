@@ -40,7 +40,7 @@ from projections.lifecycle import (
     JobState,
     next_step,
 )
-from projections.models import Job, Prompt
+from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
 
 
@@ -137,7 +137,7 @@ class JobActivities:
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
             attempt=attempt,
-            options=dict(prompt.options or {}),
+            options=job_options(job, prompt),
         )
         try:
             result = await self._complete(request)

@@ -19,6 +19,11 @@ from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, Promp
 from projections.lifecycle import JobState
 from projections.models import Job, Prompt, Response
 from projections.rows import JobRow
+from projections.writes import RetryChanges
+
+# Shared by a submission and a retry's replacements, so both are validated alike.
+PriorityField = Annotated[int, Field(ge=0, le=100), *JSON_INTEGER]
+MaxAttemptsField = Annotated[int, Field(ge=1, le=10), *JSON_INTEGER]
 
 
 class SubmitPrompt(BaseModel):
@@ -29,10 +34,8 @@ class SubmitPrompt(BaseModel):
         pattern=NO_NUL,
         description="The prompt text; at most PROMPTJOBS_MAX_PROMPT_BYTES bytes of UTF-8",
     )
-    priority: Annotated[int, Field(ge=0, le=100), *JSON_INTEGER] = Field(
-        default=50, description="0 is most urgent, 100 least"
-    )
-    max_attempts: Annotated[int, Field(ge=1, le=10), *JSON_INTEGER] | None = Field(
+    priority: PriorityField = Field(default=50, description="0 is most urgent, 100 least")
+    max_attempts: MaxAttemptsField | None = Field(
         default=None, description="Attempts before the job fails; default 3"
     )
     scheduled_for: Annotated[AwareDatetime, Strict(False)] | None = Field(
@@ -55,6 +58,24 @@ class SubmitPrompt(BaseModel):
     def options_as_sent(self) -> dict[str, Any]:
         """The options exactly as the client gave them (what is stored and fingerprinted)."""
         return self.options.model_dump(mode="json", exclude_unset=True)
+
+
+class RetryJob(BaseModel):
+    """What the new job of a retry runs with instead of the old job's (each optional)."""
+
+    model_config = STRICT_BODY
+
+    options: PromptOptions | None = Field(
+        default=None, description="Replaces the old job's options as a whole (not merged)"
+    )
+    priority: PriorityField | None = Field(default=None, description="0 is most urgent")
+    max_attempts: MaxAttemptsField | None = Field(default=None, description="1 to 10")
+
+    def changes(self) -> RetryChanges:
+        options = None
+        if self.options is not None:
+            options = self.options.model_dump(mode="json", exclude_unset=True)
+        return RetryChanges(options, self.priority, self.max_attempts)
 
 
 class JobOut(JobRow):

@@ -138,6 +138,9 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
+    # What this job runs with: the prompt's options, or a retry's replacement. Null only on
+    # rows older than migration 0004 that it could not fill: read the prompt's then.
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     progress_rank: Mapped[int] = mapped_column(Integer, default=1)
     error_kind: Mapped[ErrorKind | None] = mapped_column(ErrorKindColumn)
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -153,7 +156,15 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When the current attempt started (started_at is the first attempt's).
+    attempt_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+def job_options(job: Job, prompt: Prompt) -> dict[str, Any]:
+    """The options a job runs with (rows from before migration 0004 may have none: the
+    prompt's, which is what they ran with)."""
+    return dict(prompt.options or {}) if job.options is None else dict(job.options)
 
 
 class JobEvent(Base):

@@ -42,9 +42,12 @@ async def list_jobs(
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
-    """Nearest-rank percentiles, so each figure is a latency some job really had."""
+    """The mean (the seed's "average latency"), then nearest-rank percentiles, so each
+    percentile is a latency some job really had."""
     ordered = sorted(values)
-    result: dict[str, float | None] = {}
+    result: dict[str, float | None] = {
+        "mean": round(sum(ordered) / len(ordered), 3) if ordered else None
+    }
     for p in PERCENTILES:
         if not ordered:
             result[f"p{p}"] = None
@@ -61,6 +64,8 @@ class OrgMetrics:
     wait_s: dict[str, float | None] = field(default_factory=dict)  # created → started
     run_s: dict[str, float | None] = field(default_factory=dict)  # started → finished
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # failed / (succeeded + failed + cancelled); a superseded job counts through its retry.
+    error_rate: float | None = None
 
 
 async def queue_metrics(
@@ -69,8 +74,9 @@ async def queue_metrics(
     since: datetime | None = None,
     org: str | None = None,
 ) -> list[OrgMetrics]:
-    """Per org (and "*" for all): jobs by state, wait and run latency percentiles, and the
-    error kinds of failed jobs and of jobs re-queued after a failed attempt."""
+    """Per org (and "*" for all): jobs by state, wait and run latency (mean and percentiles),
+    the error rate, and the error kinds of failed jobs and of jobs re-queued after a failed
+    attempt."""
     stmt = select(
         Job.org, Job.state, Job.error_kind, Job.created_at, Job.started_at, Job.finished_at
     )
@@ -103,9 +109,17 @@ async def queue_metrics(
                 wait_s=percentiles(waits),
                 run_s=percentiles(runs),
                 error_kinds=dict(sorted(kinds.items())),
+                error_rate=error_rate(states),
             )
         )
     return result
+
+
+def error_rate(states: Counter[str]) -> float | None:
+    """Of the jobs that came to an outcome that stands, the share that failed."""
+    outcomes = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+    settled = sum(states.get(state.value, 0) for state in outcomes)
+    return round(states.get(JobState.FAILED.value, 0) / settled, 4) if settled else None
 
 
 @dataclass

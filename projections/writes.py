@@ -18,7 +18,7 @@ from projections.db import transaction
 from projections.errors import IdempotencyConflict, InvalidState, NotFound
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
-from projections.models import Job, Prompt
+from projections.models import Job, Prompt, job_options
 from projections.projector import (
     Projector,
     Transition,
@@ -53,6 +53,15 @@ class Submission:
             "correlation_id": self.correlation_id,
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RetryChanges:
+    """What a user retry replaces for the new job; None keeps the old job's."""
+
+    options: dict[str, Any] | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
 
 
 @dataclass
@@ -93,7 +102,9 @@ class JobWrites:
             )
             session.add(prompt)
             await session.flush()
-            job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
+            job = self._new_job(
+                prompt, submission.priority, submission.max_attempts, submission.options, now
+            )
             job.scheduled_for = submission.scheduled_for
             session.add(job)
             await append_event(session, job, now)
@@ -140,7 +151,13 @@ class JobWrites:
             return Submitted(prompt, job, created=False)
 
     @staticmethod
-    def _new_job(prompt: Prompt, priority: int, max_attempts: int, now: datetime) -> Job:
+    def _new_job(
+        prompt: Prompt,
+        priority: int,
+        max_attempts: int,
+        options: dict[str, Any],
+        now: datetime,
+    ) -> Job:
         return Job(
             job_id=new_job_id(),
             prompt_id=prompt.prompt_id,
@@ -150,13 +167,16 @@ class JobWrites:
             priority=priority,
             attempt=0,
             max_attempts=max_attempts,
+            options=options,
             progress_rank=1,
             created_at=now,
             updated_at=now,
         )
 
-    async def retry(self, scope: Scope, job_id: str) -> Job:
-        """A user retry: a new queued job for the same prompt that supersedes `job_id`."""
+    async def retry(self, scope: Scope, job_id: str, changes: RetryChanges | None = None) -> Job:
+        """A user retry: a new queued job for the same prompt that supersedes `job_id`, with
+        the old job's options, priority and max_attempts unless `changes` replaces them."""
+        changes = changes or RetryChanges()
         if not plausible(job_id):
             raise NotFound("job", job_id)
         async with transaction(self.sessions) as session:
@@ -168,7 +188,13 @@ class JobWrites:
                 raise InvalidState(old.job_id, old.state, "retry")
             prompt = await session.get(Prompt, old.prompt_id)
             assert prompt is not None
-            new = self._new_job(prompt, old.priority, old.max_attempts, now)
+            new = self._new_job(
+                prompt,
+                old.priority if changes.priority is None else changes.priority,
+                old.max_attempts if changes.max_attempts is None else changes.max_attempts,
+                job_options(old, prompt) if changes.options is None else changes.options,
+                now,
+            )
             new.supersedes = old.job_id
             session.add(new)
             await append_event(session, new, now)

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from activities.adapters.base import InvalidOptions
 from projections import operations
 from projections.errors import InvalidState, NotFound
 from projections.lifecycle import JobState
@@ -28,6 +29,7 @@ from promptjobs.console import (
     iso,
     job_cells,
     operator_row,
+    parse_retry_changes,
     parse_state,
     parse_when,
     run,
@@ -190,13 +192,23 @@ def cancel(job_id: str, as_json: JsonOpt = False) -> None:
 
 
 @jobs_app.command("retry")
-def retry(job_id: str, as_json: JsonOpt = False) -> None:
-    """Run a settled job's prompt again as a new job that supersedes it."""
+def retry(
+    job_id: str,
+    options: Annotated[
+        str | None, typer.Option(help="JSON options replacing the old job's, as in a submission")
+    ] = None,
+    priority: Annotated[int | None, typer.Option(help="0 (most urgent) … 100")] = None,
+    max_attempts: Annotated[int | None, typer.Option(help="1 … 10")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a settled job's prompt again as a new job that supersedes it (with the old job's
+    options, priority and max attempts, unless given)."""
+    changes = parse_retry_changes(options, priority, max_attempts)
 
     async def act() -> Job:
         async with operator_service() as (service, settings):
             try:
-                return await service.retry(OPERATOR, job_id, wait=True)
+                return await service.retry(OPERATOR, job_id, changes, wait=True)
             except TemporalUnreachable as err:
                 raise CliError(
                     f"retry of {job_id} is recorded, but Temporal at {settings.temporal_address} "
@@ -212,6 +224,8 @@ def _acting(work: Any, job_id: str) -> Job:
         job: Job = run(work)
     except NotFound as err:
         raise CliError(f"no job {job_id}") from err
+    except InvalidOptions as err:
+        raise CliError(f"--options: {err}") from err
     except InvalidState as err:
         raise CliError(str(err)) from err
     return job
@@ -232,8 +246,8 @@ def metrics(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Per org: jobs by state, wait (created→started) and run (started→finished) latency
-    percentiles in seconds, and error kinds."""
+    """Per org: jobs by state, wait (created→started) and run (started→finished) latency in
+    seconds (mean and percentiles), error rate (failed / settled) and error kinds."""
     after = parse_when(since, "--since") if since else None
 
     async def fetch() -> list[operations.OrgMetrics]:
@@ -249,12 +263,15 @@ def metrics(
     out.print(
         table("jobs by state", ("org", *states), ([m.org, *m.states.values()] for m in per_org))
     )
-    pcts = [f"p{p}" for p in operations.PERCENTILES]
+    pcts = ["mean", *(f"p{p}" for p in operations.PERCENTILES)]
     out.print(
         table(
-            "latency (s)",
-            ("org", *(f"wait {p}" for p in pcts), *(f"run {p}" for p in pcts)),
-            ([m.org, *m.wait_s.values(), *m.run_s.values()] for m in per_org),
+            "latency (s) and error rate (failed / settled)",
+            ("org", *(f"wait {p}" for p in pcts), *(f"run {p}" for p in pcts), "error rate"),
+            (
+                [m.org, *m.wait_s.values(), *m.run_s.values(), _percent(m.error_rate)]
+                for m in per_org
+            ),
         )
     )
     out.print(
@@ -264,6 +281,10 @@ def metrics(
             ((m.org, kind, n) for m in per_org for kind, n in m.error_kinds.items()),
         )
     )
+
+
+def _percent(rate: float | None) -> str:
+    return "" if rate is None else f"{rate:.1%}"
 
 
 @jobs_app.command("archive")
