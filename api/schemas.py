@@ -16,6 +16,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, PromptOptions
+from projections.chains import MAX_PARENTS
 from projections.lifecycle import JobState
 from projections.models import Job, Prompt, Response
 from projections.rows import JobRow
@@ -44,6 +45,20 @@ class SubmitPrompt(BaseModel):
     options: PromptOptions = Field(default_factory=PromptOptions)
     parent_id: str | None = Field(default=None, max_length=40, pattern=NO_NUL)
     correlation_id: str | None = Field(default=None, max_length=128, pattern=NO_NUL)
+    after: list[Annotated[StrictStr, Field(min_length=1, max_length=40, pattern=NO_NUL)]] = Field(
+        default_factory=list,
+        max_length=MAX_PARENTS,
+        description="A chain: prompt ids this prompt runs after, once each one's current job "
+        "has succeeded; `{{after[0]}}` or `{{after.<prompt_id>}}` in the prompt is replaced by "
+        "that parent's response text",
+    )
+
+    @field_validator("after")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("after_repeated", "a prompt is listed twice in `after`")
+        return value
 
     @field_validator("scheduled_for", mode="before")
     @classmethod
@@ -102,11 +117,13 @@ class PromptOut(BaseModel):
     options: dict[str, Any]
     parent_id: str | None
     correlation_id: str | None
+    after: list[str] = Field(description="The prompts this one runs after (its parents)")
+    children: list[str] = Field(description="The prompts that run after this one, you can see")
     created_at: datetime
     jobs: list[JobOut] = Field(description="Every job of this prompt, oldest first")
 
     @classmethod
-    def of(cls, prompt: Prompt, jobs: list[Job]) -> PromptOut:
+    def of(cls, prompt: Prompt, jobs: list[Job], children: list[str]) -> PromptOut:
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
@@ -114,6 +131,8 @@ class PromptOut(BaseModel):
             options=prompt.options,
             parent_id=prompt.parent_id,
             correlation_id=prompt.correlation_id,
+            after=list(prompt.after or []),
+            children=children,
             created_at=prompt.created_at,
             jobs=[JobOut.of(job) for job in jobs],
         )

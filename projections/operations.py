@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
 from projections.lifecycle import TERMINAL, JobState
-from projections.models import Job, JobEvent, Prompt, Response
+from projections.models import Job, JobEvent, Prompt, PromptParent, Response
 from projections.projector import lock_event_log
 
 PERCENTILES = (50, 90, 99)
@@ -216,6 +216,14 @@ async def archive(
             await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
             await session.execute(delete(Job).where(old))
             orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
+            orphans = select(Prompt.prompt_id).where(orphan)
+            # A chain's edges to or from a removed prompt go with it; a child's `after` keeps
+            # the id, which no longer resolves (as `supersedes` does).
+            await session.execute(
+                delete(PromptParent).where(
+                    PromptParent.prompt_id.in_(orphans) | PromptParent.parent_id.in_(orphans)
+                )
+            )
             await session.execute(delete(Prompt).where(orphan))
     return counts
 

@@ -41,6 +41,10 @@ class JobRow(BaseModel):
     priority: int
     attempt: int
     max_attempts: int
+    waiting_on: list[str] | None = Field(
+        description="A chain's parent prompts whose current job has not succeeded yet: the "
+        "job stays queued until they have (retry a failed parent to go on)"
+    )
     options: dict[str, Any] | None = Field(
         description="The options this job runs with: its prompt's, or those its retry gave"
     )

@@ -18,7 +18,7 @@ from projections.db import transaction
 from projections.errors import IdempotencyConflict, InvalidState, NotFound
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
-from projections.models import Job, Prompt, job_options
+from projections.models import Job, Prompt, PromptParent, job_options
 from projections.projector import (
     Projector,
     Transition,
@@ -41,6 +41,7 @@ class Submission:
     idempotency_key: str | None = None
     parent_id: str | None = None
     correlation_id: str | None = None
+    after: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         body = {
@@ -51,6 +52,7 @@ class Submission:
             "scheduled_for": self.scheduled_for.isoformat() if self.scheduled_for else None,
             "parent_id": self.parent_id,
             "correlation_id": self.correlation_id,
+            **({"after": list(self.after)} if self.after else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -88,6 +90,7 @@ class JobWrites:
         async def write(session: AsyncSession) -> Submitted:
             await lock_event_log(session)
             now = utcnow()  # under the lock: timestamps follow event order
+            await self._check_parents(session, scope, submission.after)
             prompt = Prompt(
                 prompt_id=new_prompt_id(),
                 org=scope.org,
@@ -96,12 +99,17 @@ class JobWrites:
                 options=submission.options,
                 parent_id=submission.parent_id,
                 correlation_id=submission.correlation_id,
+                after=list(submission.after) or None,
                 idempotency_key=submission.idempotency_key,
                 request_hash=fingerprint,
                 created_at=now,
             )
             session.add(prompt)
             await session.flush()
+            for position, parent_id in enumerate(submission.after):
+                session.add(
+                    PromptParent(prompt_id=prompt.prompt_id, position=position, parent_id=parent_id)
+                )
             job = self._new_job(
                 prompt, submission.priority, submission.max_attempts, submission.options, now
             )
@@ -123,6 +131,19 @@ class JobWrites:
             return replay
         self._notify()
         return accepted
+
+    @staticmethod
+    async def _check_parents(session: AsyncSession, scope: Scope, after: tuple[str, ...]) -> None:
+        """Every parent exists and the caller may see it (else the same 404 as any unseen id);
+        a parent must exist first, so a chain can have no cycle."""
+        if not after:
+            return
+        found = await session.execute(select(Prompt).where(Prompt.prompt_id.in_(after)))
+        seen = {p.prompt_id: p for p in found.scalars()}
+        for parent_id in after:
+            parent = seen.get(parent_id)
+            if parent is None or not visible(parent, scope):
+                raise NotFound("prompt", parent_id)
 
     async def _idempotent_replay(
         self, scope: Scope, key: str, fingerprint: str
@@ -168,6 +189,8 @@ class JobWrites:
             attempt=0,
             max_attempts=max_attempts,
             options=options,
+            # A chain's child waits on all its parents until its workflow has checked them.
+            waiting_on=list(prompt.after) if prompt.after else None,
             progress_rank=1,
             created_at=now,
             updated_at=now,

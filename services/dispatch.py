@@ -18,6 +18,8 @@ from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.contracts import PARENTS_CHANGED
+from projections.chain_store import ready_to_wake
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
@@ -129,6 +131,8 @@ class Dispatcher:
             ceiling_s=self.ceiling_s,
             attempt_timeout_s=self.attempt_timeout_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
+            # Set from the prompt's parents when the job is created; only its workflow clears it.
+            after=list(job.waiting_on or []),
         )
 
     async def start(self, job: Job) -> None:
@@ -196,7 +200,21 @@ class Dispatcher:
         for job in await self.store.unsettled_before(before):
             if await self.reconcile(job, self._describe):
                 repaired += 1
+        await self.wake_ready_children()
         return repaired
+
+    async def wake_ready_children(self) -> int:
+        """Signal the waiting chain children whose parents have all succeeded: the parent's
+        attempt wakes them as it settles, but a worker killed right after its commit does not."""
+        woken = 0
+        for job_id in await ready_to_wake(self.store.sessions):
+            try:
+                await self.client.get_workflow_handle(job_id).signal(PARENTS_CHANGED)
+                woken += 1
+            except RPCError as err:
+                if err.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+        return woken
 
     async def _describe(self, job_id: str) -> WorkflowExecutionStatus | None:
         try:
