@@ -55,6 +55,12 @@ async def _parents_state(session: AsyncSession, prompt_id: str) -> ParentsState:
     return ParentsState(waiting, ", ".join(words))
 
 
+async def parents_state(sessions: async_sessionmaker[AsyncSession], prompt_id: str) -> ParentsState:
+    """What a child of `prompt_id`'s parents still waits on, read now."""
+    async with sessions() as session:
+        return await _parents_state(session, prompt_id)
+
+
 async def check_parents(sessions: async_sessionmaker[AsyncSession], job_id: str) -> ParentsState:
     """What `job_id` still waits on, recorded on its row while it is queued (no event: its
     state has not changed; a read of the row shows it)."""

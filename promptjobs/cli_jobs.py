@@ -16,6 +16,7 @@ import typer
 
 from activities.adapters.base import InvalidOptions
 from projections import operations
+from projections.chain_store import parents_state
 from projections.errors import InvalidState, NotFound
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent
@@ -119,22 +120,27 @@ def list_jobs(
 def show(job_id: str, as_json: JsonOpt = False) -> None:
     """One job, its events, and the other jobs of its prompt."""
 
-    async def fetch() -> tuple[Job, list[JobEvent], list[Job]]:
+    async def fetch() -> tuple[Job, list[JobEvent], list[Job], str | None]:
         async with operator_projection() as projection:
             store = projection.store
             job = await store.job(OPERATOR, job_id)
             events = await store.job_events(OPERATOR, job_id)
             _prompt, siblings = await store.prompt(OPERATOR, job.prompt_id)
-            return job, events, [other for other in siblings if other.job_id != job_id]
+            waits = None
+            if job.waiting_on and job.state is JobState.QUEUED:
+                # The parents as they stand now, not as the workflow last checked them.
+                waits = (await parents_state(projection.sessions, job.prompt_id)).detail
+            return job, events, [other for other in siblings if other.job_id != job_id], waits
 
     try:
-        job, events, others = run(fetch())
+        job, events, others, waits = run(fetch())
     except NotFound as err:
         raise CliError(f"no job {job_id}") from err
     if as_json:
         emit_json(
             {
                 "job": operator_row(job),
+                "waits_on": waits,
                 "events": [_event(event) for event in events],
                 "prompt_jobs": [operator_row(other) for other in others],
             }
@@ -143,6 +149,11 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
     out = console()
     fields = operator_row(job)
     out.print(table(f"job {job_id}", ("field", "value"), fields.items()))
+    if waits:
+        out.print(
+            f"waits on parent prompt(s) {waits} to succeed "
+            "(a failed or cancelled parent: retry it and this job goes on)"
+        )
     out.print(
         table(
             "events",

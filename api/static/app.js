@@ -304,6 +304,8 @@ function describe(job) {
   const attempts = `attempt ${job.attempt} of ${job.max_attempts}`;
   switch (job.state) {
     case "queued":
+      // A chain's child: it runs once these parent prompts' jobs have succeeded.
+      if (job.attempt === 0 && job.waiting_on && job.waiting_on.length) return `waiting for ${job.waiting_on.join(", ")}`;
       if (job.attempt === 0) return job.scheduled_for ? `scheduled for ${clock(job.scheduled_for)}` : "waiting for a worker";
       return job.next_attempt_at
         ? `attempt ${job.attempt + 1} of ${job.max_attempts} at ${clock(job.next_attempt_at)}`

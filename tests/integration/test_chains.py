@@ -13,6 +13,7 @@ from activities.adapters.fake import fake_output
 from tests.conftest import Stack, eventually, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from tests.integration.test_api_submit import assert_problem
+from tests.integration.test_operator_cli import cli, cli_json
 
 QUICK = {"fake": {"latency_ms": 5}}
 SLOW = {"fake": {"latency_ms": 800}}
@@ -109,6 +110,11 @@ async def test_a_waiting_child_can_be_cancelled(sqlite_stack: Stack) -> None:
     child = await stack.submit("never: {{after[0]}}", after=[a["prompt_id"]], options=QUICK)
     assert (await stack.settled(a["job_id"]))["state"] == "failed"
     await _waiting(stack, child["job_id"], [a["prompt_id"]])
+    # The operator is told what it waits on, and how to let it go on.
+    shown = await cli_json(stack, "jobs", "show", child["job_id"])
+    assert shown["waits_on"] == f"{a['prompt_id']} (job {a['job_id']} failed)"
+    human = (await cli(stack, "jobs", "show", child["job_id"])).output
+    assert f"waits on parent prompt(s) {a['prompt_id']}" in " ".join(human.split())
 
     response = await stack.http.post(f"/v1/jobs/{child['job_id']}/cancel")
     assert response.status_code == 202, response.text
