@@ -21,8 +21,11 @@ BROKEN = {"fake": {"fail": ["auth"]}}
 
 
 @pytest.fixture
-async def sqlite_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
-    settings = make_settings(tmp_path, database_url=f"sqlite:///{tmp_path / 'chains.db'}")
+async def chain_stack(
+    dev_server: WorkflowEnvironment, database_url: str, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    """SQLite and PostgreSQL (the chain queries read JSON columns and a join)."""
+    settings = make_settings(tmp_path, database_url=database_url)
     async with running_stack(settings, dev_server.client) as stack:
         yield stack
 
@@ -50,9 +53,9 @@ async def _waiting(stack: Stack, job_id: str, on: list[str]) -> dict[str, Any]:
 
 
 async def test_a_three_step_chain_runs_in_order_with_answers_substituted(
-    sqlite_stack: Stack,
+    chain_stack: Stack,
 ) -> None:
-    stack = sqlite_stack
+    stack = chain_stack
     a = await stack.submit("alpha", options=SLOW)
     b = await stack.submit("summarise: {{after[0]}}", after=[a["prompt_id"]], options=QUICK)
     c = await stack.submit(
@@ -83,8 +86,8 @@ async def test_a_three_step_chain_runs_in_order_with_answers_substituted(
     assert shown_c["after"] == [b["prompt_id"], a["prompt_id"]] and shown_c["children"] == []
 
 
-async def test_a_failing_middle_step_retried_lets_the_chain_finish(sqlite_stack: Stack) -> None:
-    stack = sqlite_stack
+async def test_a_failing_middle_step_retried_lets_the_chain_finish(chain_stack: Stack) -> None:
+    stack = chain_stack
     a = await stack.submit("first", options=QUICK)
     b = await stack.submit("second: {{after[0]}}", after=[a["prompt_id"]], options=BROKEN)
     c = await stack.submit("third: {{after[0]}}", after=[b["prompt_id"]], options=QUICK)
@@ -104,8 +107,8 @@ async def test_a_failing_middle_step_retried_lets_the_chain_finish(sqlite_stack:
     assert await _answer(stack, done_c) == fake_output(f"third: {answer_b}")
 
 
-async def test_a_waiting_child_can_be_cancelled(sqlite_stack: Stack) -> None:
-    stack = sqlite_stack
+async def test_a_waiting_child_can_be_cancelled(chain_stack: Stack) -> None:
+    stack = chain_stack
     a = await stack.submit("broken parent", options=BROKEN)
     child = await stack.submit("never: {{after[0]}}", after=[a["prompt_id"]], options=QUICK)
     assert (await stack.settled(a["job_id"]))["state"] == "failed"
@@ -141,8 +144,8 @@ async def test_a_childs_ceiling_ends_it_stuck_naming_the_parent(
     assert a["job_id"] in job["error_message"] and "failed" in job["error_message"]
 
 
-async def test_bad_chains_are_refused_at_submission(sqlite_stack: Stack) -> None:
-    stack = sqlite_stack
+async def test_bad_chains_are_refused_at_submission(chain_stack: Stack) -> None:
+    stack = chain_stack
     a = await stack.submit("parent", options=QUICK)
     for prompt, after in (
         ("{{after[1]}}", [a["prompt_id"]]),
