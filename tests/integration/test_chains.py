@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_output
@@ -113,6 +114,12 @@ async def test_a_waiting_child_can_be_cancelled(chain_stack: Stack) -> None:
     child = await stack.submit("never: {{after[0]}}", after=[a["prompt_id"]], options=QUICK)
     assert (await stack.settled(a["job_id"]))["state"] == "failed"
     await _waiting(stack, child["job_id"], [a["prompt_id"]])
+    # The Web UI shows the wait as the workflow's current details.
+    metadata = await stack.client.get_workflow_handle(child["job_id"]).query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    assert metadata.current_details.startswith("queued, waiting for parent prompt(s)")
+    assert a["prompt_id"] in metadata.current_details
     # The operator is told what it waits on, and how to let it go on.
     shown = await cli_json(stack, "jobs", "show", child["job_id"])
     assert shown["waits_on"] == f"{a['prompt_id']} (job {a['job_id']} failed)"
