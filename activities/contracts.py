@@ -67,9 +67,26 @@ class AttemptReport:
     error_kind: ErrorKind | None = None
 
 
+@dataclass
+class CheckParents:
+    job_id: str
+
+
+@dataclass
+class ParentsCheck:
+    """A chain's child: the parent prompts whose current job has not succeeded, and why (for
+    the Web UI and, past the ceiling, the job's error message)."""
+
+    waiting_on: list[str]
+    detail: str = ""
+
+
 # The ApplicationError type an attempt raises when the job is already settled (cancelled
 # before it started): nothing to run, nothing to retry.
 JOB_CLOSED = "job_closed"
 
 # The signal an attempt sends to its workflow (PromptJobWorkflow.attempt_reported).
 ATTEMPT_REPORTED = "attempt_reported"
+
+# The signal a chain's child gets when one of its parents succeeded: check them again.
+PARENTS_CHANGED = "parents_changed"

@@ -21,15 +21,20 @@ from activities.adapters.base import AdapterRegistry, AdapterRequest, InvalidOpt
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
+    PARENTS_CHANGED,
     AdapterCall,
     AdapterOutcome,
     AttemptReport,
+    CheckParents,
     FinalizeSuccess,
+    ParentsCheck,
     SettleJob,
     SettleResult,
 )
 from activities.errors import AdapterError
 from projections import metrics
+from projections.chain_store import check_parents, parent_answers, waiting_children
+from projections.chains import substitute
 from projections.ids import response_id_for
 from projections.lifecycle import (
     AttemptResult,
@@ -40,7 +45,7 @@ from projections.lifecycle import (
     JobState,
     next_step,
 )
-from projections.models import Job, Prompt
+from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
 
 
@@ -132,12 +137,17 @@ class JobActivities:
     ) -> tuple[str, AdapterOutcome]:
         """The adapter call: (the job's prompt id, what the provider answered)."""
         job, prompt = await self._load(call.job_id)
+        text = prompt.text
+        if prompt.after:
+            # A chain's child runs with its parents' answers in place of the placeholders.
+            answers = await parent_answers(self.sessions, prompt.after)
+            text = substitute(text, prompt.after, answers)
         request = AdapterRequest(
             job_id=job.job_id,
             prompt_id=prompt.prompt_id,
-            prompt=prompt.text,
+            prompt=text,
             attempt=attempt,
-            options=dict(prompt.options or {}),
+            options=job_options(job, prompt),
         )
         try:
             result = await self._complete(request)
@@ -225,6 +235,8 @@ class JobActivities:
 
     async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
         job, _prompt = await self._load(job_id)
+        # The attempt that committed may have died before it woke the chain's children.
+        await wake_children(self.sessions, job.prompt_id)
         settled = SettleResult(False, job.state, job.response_id)
         return AdapterOutcome(text="", provider="", model="", attempt=attempt, settled=settled)
 
@@ -241,7 +253,15 @@ class JobActivities:
         response_id = response_id_for(prompt_id, outcome.provider_request_id, job_id)
         result = await self.projector.succeed(job_id, outcome.attempt, response_id, outcome)
         kept = result.state is JobState.SUCCEEDED
+        if kept:
+            await wake_children(self.sessions, prompt_id)
         return SettleResult(result.applied, result.state, response_id if kept else None)
+
+    @activity.defn(name="check_parents")
+    async def check_parents(self, check: CheckParents) -> ParentsCheck:
+        """A chain's child: which parents have not succeeded yet (recorded on its row)."""
+        state = await check_parents(self.sessions, check.job_id)
+        return ParentsCheck(state.waiting_on, state.detail)
 
     @activity.defn(name="settle_job")
     async def settle_job(self, settle: SettleJob) -> SettleResult:
@@ -309,6 +329,16 @@ async def report_to_workflow(report: AttemptReport) -> None:
         activity.logger.warning(
             "could not report attempt to workflow %s: %s", info.workflow_id, err
         )
+
+
+async def wake_children(sessions: async_sessionmaker[AsyncSession], prompt_id: str) -> None:
+    """Tell the waiting jobs of a succeeded prompt's children to check their parents again.
+    A signal that cannot be sent now is sent by the dispatcher's safety net (ready_to_wake)."""
+    for job_id in await waiting_children(sessions, prompt_id):
+        try:
+            await activity.client().get_workflow_handle(job_id).signal(PARENTS_CHANGED)
+        except RPCError as err:
+            activity.logger.warning("could not wake chained job %s: %s", job_id, err)
 
 
 def adapter_failure(

@@ -16,9 +16,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, PromptOptions
+from projections.chains import MAX_PARENTS
 from projections.lifecycle import JobState
 from projections.models import Job, Prompt, Response
 from projections.rows import JobRow
+from projections.writes import RetryChanges
+
+# Shared by a submission and a retry's replacements, so both are validated alike.
+PriorityField = Annotated[int, Field(ge=0, le=100), *JSON_INTEGER]
+MaxAttemptsField = Annotated[int, Field(ge=1, le=10), *JSON_INTEGER]
 
 
 class SubmitPrompt(BaseModel):
@@ -29,10 +35,8 @@ class SubmitPrompt(BaseModel):
         pattern=NO_NUL,
         description="The prompt text; at most PROMPTJOBS_MAX_PROMPT_BYTES bytes of UTF-8",
     )
-    priority: Annotated[int, Field(ge=0, le=100), *JSON_INTEGER] = Field(
-        default=50, description="0 is most urgent, 100 least"
-    )
-    max_attempts: Annotated[int, Field(ge=1, le=10), *JSON_INTEGER] | None = Field(
+    priority: PriorityField = Field(default=50, description="0 is most urgent, 100 least")
+    max_attempts: MaxAttemptsField | None = Field(
         default=None, description="Attempts before the job fails; default 3"
     )
     scheduled_for: Annotated[AwareDatetime, Strict(False)] | None = Field(
@@ -41,6 +45,20 @@ class SubmitPrompt(BaseModel):
     options: PromptOptions = Field(default_factory=PromptOptions)
     parent_id: str | None = Field(default=None, max_length=40, pattern=NO_NUL)
     correlation_id: str | None = Field(default=None, max_length=128, pattern=NO_NUL)
+    after: list[Annotated[StrictStr, Field(min_length=1, max_length=40, pattern=NO_NUL)]] = Field(
+        default_factory=list,
+        max_length=MAX_PARENTS,
+        description="A chain: prompt ids this prompt runs after, once each one's current job "
+        "has succeeded; `{{after[0]}}` or `{{after.<prompt_id>}}` in the prompt is replaced by "
+        "that parent's response text",
+    )
+
+    @field_validator("after")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("after_repeated", "a prompt is listed twice in `after`")
+        return value
 
     @field_validator("scheduled_for", mode="before")
     @classmethod
@@ -55,6 +73,24 @@ class SubmitPrompt(BaseModel):
     def options_as_sent(self) -> dict[str, Any]:
         """The options exactly as the client gave them (what is stored and fingerprinted)."""
         return self.options.model_dump(mode="json", exclude_unset=True)
+
+
+class RetryJob(BaseModel):
+    """What the new job of a retry runs with instead of the old job's (each optional)."""
+
+    model_config = STRICT_BODY
+
+    options: PromptOptions | None = Field(
+        default=None, description="Replaces the old job's options as a whole (not merged)"
+    )
+    priority: PriorityField | None = Field(default=None, description="0 is most urgent")
+    max_attempts: MaxAttemptsField | None = Field(default=None, description="1 to 10")
+
+    def changes(self) -> RetryChanges:
+        options = None
+        if self.options is not None:
+            options = self.options.model_dump(mode="json", exclude_unset=True)
+        return RetryChanges(options, self.priority, self.max_attempts)
 
 
 class JobOut(JobRow):
@@ -81,11 +117,13 @@ class PromptOut(BaseModel):
     options: dict[str, Any]
     parent_id: str | None
     correlation_id: str | None
+    after: list[str] = Field(description="The prompts this one runs after (its parents)")
+    children: list[str] = Field(description="The prompts that run after this one, you can see")
     created_at: datetime
     jobs: list[JobOut] = Field(description="Every job of this prompt, oldest first")
 
     @classmethod
-    def of(cls, prompt: Prompt, jobs: list[Job]) -> PromptOut:
+    def of(cls, prompt: Prompt, jobs: list[Job], children: list[str]) -> PromptOut:
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
@@ -93,6 +131,8 @@ class PromptOut(BaseModel):
             options=prompt.options,
             parent_id=prompt.parent_id,
             correlation_id=prompt.correlation_id,
+            after=list(prompt.after or []),
+            children=children,
             created_at=prompt.created_at,
             jobs=[JobOut.of(job) for job in jobs],
         )

@@ -107,10 +107,24 @@ class Prompt(Base):
     text: Mapped[str] = mapped_column(Text)
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     parent_id: Mapped[str | None] = mapped_column(String(40))
+    # A chain: the prompts this one runs after, in the order `{{after[i]}}` names them.
+    after: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
     correlation_id: Mapped[str | None] = mapped_column(String(128))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class PromptParent(Base):
+    """One edge of a chain: `prompt_id` runs after `parent_id` (the reverse of Prompt.after,
+    so a parent's children are one index lookup)."""
+
+    __tablename__ = "prompt_parents"
+    __table_args__ = (Index("ix_prompt_parents_parent", "parent_id"),)
+
+    prompt_id: Mapped[str] = mapped_column(ForeignKey("prompts.prompt_id"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    parent_id: Mapped[str] = mapped_column(ForeignKey("prompts.prompt_id"))
 
 
 class Job(Base):
@@ -138,6 +152,12 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
+    # What this job runs with: the prompt's options, or a retry's replacement. Null only on
+    # rows older than migration 0004 that it could not fill: read the prompt's then.
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # The parent prompts (of a chain) whose current job has not succeeded yet, as the job's
+    # workflow last checked; null once they all have (or for a prompt with no parents).
+    waiting_on: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
     progress_rank: Mapped[int] = mapped_column(Integer, default=1)
     error_kind: Mapped[ErrorKind | None] = mapped_column(ErrorKindColumn)
     error_message: Mapped[str | None] = mapped_column(Text)
@@ -153,7 +173,15 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When the current attempt started (started_at is the first attempt's).
+    attempt_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+def job_options(job: Job, prompt: Prompt) -> dict[str, Any]:
+    """The options a job runs with (rows from before migration 0004 may have none: the
+    prompt's, which is what they ran with)."""
+    return dict(prompt.options or {}) if job.options is None else dict(job.options)
 
 
 class JobEvent(Base):

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
 from projections.lifecycle import TERMINAL, JobState
-from projections.models import Job, JobEvent, Prompt, Response
+from projections.models import Job, JobEvent, Prompt, PromptParent, Response
 from projections.projector import lock_event_log
 
 PERCENTILES = (50, 90, 99)
@@ -42,9 +42,12 @@ async def list_jobs(
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
-    """Nearest-rank percentiles, so each figure is a latency some job really had."""
+    """The mean (the seed's "average latency"), then nearest-rank percentiles, so each
+    percentile is a latency some job really had."""
     ordered = sorted(values)
-    result: dict[str, float | None] = {}
+    result: dict[str, float | None] = {
+        "mean": round(sum(ordered) / len(ordered), 3) if ordered else None
+    }
     for p in PERCENTILES:
         if not ordered:
             result[f"p{p}"] = None
@@ -61,6 +64,8 @@ class OrgMetrics:
     wait_s: dict[str, float | None] = field(default_factory=dict)  # created → started
     run_s: dict[str, float | None] = field(default_factory=dict)  # started → finished
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # failed / (succeeded + failed + cancelled); a superseded job counts through its retry.
+    error_rate: float | None = None
 
 
 async def queue_metrics(
@@ -69,8 +74,9 @@ async def queue_metrics(
     since: datetime | None = None,
     org: str | None = None,
 ) -> list[OrgMetrics]:
-    """Per org (and "*" for all): jobs by state, wait and run latency percentiles, and the
-    error kinds of failed jobs and of jobs re-queued after a failed attempt."""
+    """Per org (and "*" for all): jobs by state, wait and run latency (mean and percentiles),
+    the error rate, and the error kinds of failed jobs and of jobs re-queued after a failed
+    attempt."""
     stmt = select(
         Job.org, Job.state, Job.error_kind, Job.created_at, Job.started_at, Job.finished_at
     )
@@ -103,9 +109,17 @@ async def queue_metrics(
                 wait_s=percentiles(waits),
                 run_s=percentiles(runs),
                 error_kinds=dict(sorted(kinds.items())),
+                error_rate=error_rate(states),
             )
         )
     return result
+
+
+def error_rate(states: Counter[str]) -> float | None:
+    """Of the jobs that came to an outcome that stands, the share that failed."""
+    outcomes = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
+    settled = sum(states.get(state.value, 0) for state in outcomes)
+    return round(states.get(JobState.FAILED.value, 0) / settled, 4) if settled else None
 
 
 @dataclass
@@ -202,6 +216,14 @@ async def archive(
             await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
             await session.execute(delete(Job).where(old))
             orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
+            orphans = select(Prompt.prompt_id).where(orphan)
+            # A chain's edges to or from a removed prompt go with it; a child's `after` keeps
+            # the id, which no longer resolves (as `supersedes` does).
+            await session.execute(
+                delete(PromptParent).where(
+                    PromptParent.prompt_id.in_(orphans) | PromptParent.parent_id.in_(orphans)
+                )
+            )
             await session.execute(delete(Prompt).where(orphan))
     return counts
 

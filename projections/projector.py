@@ -119,6 +119,7 @@ def _apply(job: Job, t: Transition, now: datetime) -> None:
         job.worker = t.worker
         job.next_attempt_at = None
         job.started_at = job.started_at or now
+        job.attempt_started_at = now
     elif t.target is JobState.QUEUED:
         job.next_attempt_at = t.next_attempt_at
     if t.error_kind is not None:

@@ -4,13 +4,13 @@ prompts with their jobs, responses."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.lifecycle import JobState
-from projections.models import Job, JobEvent, Prompt, Response
+from projections.models import Job, JobEvent, Prompt, PromptParent, Response
 from projections.scope import Scope, get_visible, scoped
 
 
@@ -97,6 +97,24 @@ class JobReads:
                 )
             ).scalars()
             return prompt, list(jobs)
+
+    async def children(self, scope: Scope, prompt_ids: list[str]) -> dict[str, list[str]]:
+        """For each prompt, the chain's children the caller may see (oldest first)."""
+        found: dict[str, list[str]] = {prompt_id: [] for prompt_id in prompt_ids}
+        if not prompt_ids:
+            return found
+        edges = cast(
+            Select[Any],
+            select(PromptParent.parent_id, Prompt.prompt_id).join(
+                Prompt, Prompt.prompt_id == PromptParent.prompt_id
+            ),
+        )
+        stmt = scoped(edges, Prompt, scope).where(PromptParent.parent_id.in_(prompt_ids))
+        async with self.sessions() as session:
+            rows = await session.execute(stmt.order_by(Prompt.created_at, Prompt.prompt_id))
+            for parent_id, child_id in rows.all():
+                found[parent_id].append(child_id)
+        return found
 
     async def prompts_before(
         self, scope: Scope, limit: int, before: str | None = None

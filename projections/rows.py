@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
@@ -41,6 +41,13 @@ class JobRow(BaseModel):
     priority: int
     attempt: int
     max_attempts: int
+    waiting_on: list[str] | None = Field(
+        description="A chain's parent prompts whose current job has not succeeded yet: the "
+        "job stays queued until they have (retry a failed parent to go on)"
+    )
+    options: dict[str, Any] | None = Field(
+        description="The options this job runs with: its prompt's, or those its retry gave"
+    )
     error_kind: ErrorKind | None
     error_message: str | None
     next_attempt_at: Timestamp | None
@@ -50,7 +57,10 @@ class JobRow(BaseModel):
     scheduled_for: Timestamp | None
     created_at: Timestamp
     updated_at: Timestamp
-    started_at: Timestamp | None
+    started_at: Timestamp | None = Field(description="When the first attempt started")
+    attempt_started_at: Timestamp | None = Field(
+        description="When the current (latest) attempt started"
+    )
     finished_at: Timestamp | None
 
 

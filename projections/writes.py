@@ -18,7 +18,7 @@ from projections.db import transaction
 from projections.errors import IdempotencyConflict, InvalidState, NotFound
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
-from projections.models import Job, Prompt
+from projections.models import Job, Prompt, PromptParent, job_options
 from projections.projector import (
     Projector,
     Transition,
@@ -41,6 +41,7 @@ class Submission:
     idempotency_key: str | None = None
     parent_id: str | None = None
     correlation_id: str | None = None
+    after: tuple[str, ...] = ()
 
     def fingerprint(self) -> str:
         body = {
@@ -51,8 +52,18 @@ class Submission:
             "scheduled_for": self.scheduled_for.isoformat() if self.scheduled_for else None,
             "parent_id": self.parent_id,
             "correlation_id": self.correlation_id,
+            **({"after": list(self.after)} if self.after else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RetryChanges:
+    """What a user retry replaces for the new job; None keeps the old job's."""
+
+    options: dict[str, Any] | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
 
 
 @dataclass
@@ -79,6 +90,7 @@ class JobWrites:
         async def write(session: AsyncSession) -> Submitted:
             await lock_event_log(session)
             now = utcnow()  # under the lock: timestamps follow event order
+            await self._check_parents(session, scope, submission.after)
             prompt = Prompt(
                 prompt_id=new_prompt_id(),
                 org=scope.org,
@@ -87,13 +99,20 @@ class JobWrites:
                 options=submission.options,
                 parent_id=submission.parent_id,
                 correlation_id=submission.correlation_id,
+                after=list(submission.after) or None,
                 idempotency_key=submission.idempotency_key,
                 request_hash=fingerprint,
                 created_at=now,
             )
             session.add(prompt)
             await session.flush()
-            job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
+            for position, parent_id in enumerate(submission.after):
+                session.add(
+                    PromptParent(prompt_id=prompt.prompt_id, position=position, parent_id=parent_id)
+                )
+            job = self._new_job(
+                prompt, submission.priority, submission.max_attempts, submission.options, now
+            )
             job.scheduled_for = submission.scheduled_for
             session.add(job)
             await append_event(session, job, now)
@@ -112,6 +131,19 @@ class JobWrites:
             return replay
         self._notify()
         return accepted
+
+    @staticmethod
+    async def _check_parents(session: AsyncSession, scope: Scope, after: tuple[str, ...]) -> None:
+        """Every parent exists and the caller may see it (else the same 404 as any unseen id);
+        a parent must exist first, so a chain can have no cycle."""
+        if not after:
+            return
+        found = await session.execute(select(Prompt).where(Prompt.prompt_id.in_(after)))
+        seen = {p.prompt_id: p for p in found.scalars()}
+        for parent_id in after:
+            parent = seen.get(parent_id)
+            if parent is None or not visible(parent, scope):
+                raise NotFound("prompt", parent_id)
 
     async def _idempotent_replay(
         self, scope: Scope, key: str, fingerprint: str
@@ -140,7 +172,13 @@ class JobWrites:
             return Submitted(prompt, job, created=False)
 
     @staticmethod
-    def _new_job(prompt: Prompt, priority: int, max_attempts: int, now: datetime) -> Job:
+    def _new_job(
+        prompt: Prompt,
+        priority: int,
+        max_attempts: int,
+        options: dict[str, Any],
+        now: datetime,
+    ) -> Job:
         return Job(
             job_id=new_job_id(),
             prompt_id=prompt.prompt_id,
@@ -150,13 +188,18 @@ class JobWrites:
             priority=priority,
             attempt=0,
             max_attempts=max_attempts,
+            options=options,
+            # A chain's child waits on all its parents until its workflow has checked them.
+            waiting_on=list(prompt.after) if prompt.after else None,
             progress_rank=1,
             created_at=now,
             updated_at=now,
         )
 
-    async def retry(self, scope: Scope, job_id: str) -> Job:
-        """A user retry: a new queued job for the same prompt that supersedes `job_id`."""
+    async def retry(self, scope: Scope, job_id: str, changes: RetryChanges | None = None) -> Job:
+        """A user retry: a new queued job for the same prompt that supersedes `job_id`, with
+        the old job's options, priority and max_attempts unless `changes` replaces them."""
+        changes = changes or RetryChanges()
         if not plausible(job_id):
             raise NotFound("job", job_id)
         async with transaction(self.sessions) as session:
@@ -168,7 +211,13 @@ class JobWrites:
                 raise InvalidState(old.job_id, old.state, "retry")
             prompt = await session.get(Prompt, old.prompt_id)
             assert prompt is not None
-            new = self._new_job(prompt, old.priority, old.max_attempts, now)
+            new = self._new_job(
+                prompt,
+                old.priority if changes.priority is None else changes.priority,
+                old.max_attempts if changes.max_attempts is None else changes.max_attempts,
+                job_options(old, prompt) if changes.options is None else changes.options,
+                now,
+            )
             new.supersedes = old.job_id
             session.add(new)
             await append_event(session, new, now)

@@ -14,7 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+from activities.adapters.base import InvalidOptions
 from projections import operations
+from projections.chain_store import parents_state
 from projections.errors import InvalidState, NotFound
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent
@@ -28,6 +30,7 @@ from promptjobs.console import (
     iso,
     job_cells,
     operator_row,
+    parse_retry_changes,
     parse_state,
     parse_when,
     run,
@@ -119,22 +122,27 @@ def list_jobs(
 def show(job_id: str, as_json: JsonOpt = False) -> None:
     """One job, its events, and the other jobs of its prompt."""
 
-    async def fetch() -> tuple[Job, list[JobEvent], list[Job]]:
+    async def fetch() -> tuple[Job, list[JobEvent], list[Job], str | None]:
         async with operator_projection() as projection:
             store = projection.store
             job = await store.job(OPERATOR, job_id)
             events = await store.job_events(OPERATOR, job_id)
             _prompt, siblings = await store.prompt(OPERATOR, job.prompt_id)
-            return job, events, [other for other in siblings if other.job_id != job_id]
+            waits = None
+            if job.waiting_on and job.state is JobState.QUEUED:
+                # The parents as they stand now, not as the workflow last checked them.
+                waits = (await parents_state(projection.sessions, job.prompt_id)).detail
+            return job, events, [other for other in siblings if other.job_id != job_id], waits
 
     try:
-        job, events, others = run(fetch())
+        job, events, others, waits = run(fetch())
     except NotFound as err:
         raise CliError(f"no job {job_id}") from err
     if as_json:
         emit_json(
             {
                 "job": operator_row(job),
+                "waits_on": waits,
                 "events": [_event(event) for event in events],
                 "prompt_jobs": [operator_row(other) for other in others],
             }
@@ -143,6 +151,11 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
     out = console()
     fields = operator_row(job)
     out.print(table(f"job {job_id}", ("field", "value"), fields.items()))
+    if waits:
+        out.print(
+            f"waits on parent prompt(s) {waits} to succeed "
+            "(a failed or cancelled parent: retry it and this job goes on)"
+        )
     out.print(
         table(
             "events",
@@ -192,13 +205,23 @@ def cancel(job_id: str, as_json: JsonOpt = False) -> None:
 
 
 @jobs_app.command("retry")
-def retry(job_id: str, as_json: JsonOpt = False) -> None:
-    """Run a settled job's prompt again as a new job that supersedes it."""
+def retry(
+    job_id: str,
+    options: Annotated[
+        str | None, typer.Option(help="JSON options replacing the old job's, as in a submission")
+    ] = None,
+    priority: Annotated[int | None, typer.Option(help="0 (most urgent) … 100")] = None,
+    max_attempts: Annotated[int | None, typer.Option(help="1 … 10")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a settled job's prompt again as a new job that supersedes it (with the old job's
+    options, priority and max attempts, unless given)."""
+    changes = parse_retry_changes(options, priority, max_attempts)
 
     async def act() -> Job:
         async with operator_service() as (service, settings):
             try:
-                return await service.retry(OPERATOR, job_id, wait=True)
+                return await service.retry(OPERATOR, job_id, changes, wait=True)
             except TemporalUnreachable as err:
                 raise CliError(
                     f"retry of {job_id} is recorded, but Temporal at {settings.temporal_address} "
@@ -214,6 +237,8 @@ def _acting(work: Any, job_id: str) -> Job:
         job: Job = run(work)
     except NotFound as err:
         raise CliError(f"no job {job_id}") from err
+    except InvalidOptions as err:
+        raise CliError(f"--options: {err}") from err
     except InvalidState as err:
         raise CliError(str(err)) from err
     return job
@@ -234,8 +259,8 @@ def metrics(
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Per org: jobs by state, wait (created→started) and run (started→finished) latency
-    percentiles in seconds, and error kinds."""
+    """Per org: jobs by state, wait (created→started) and run (started→finished) latency in
+    seconds (mean and percentiles), error rate (failed / settled) and error kinds."""
     after = parse_when(since, "--since") if since else None
 
     async def fetch() -> list[operations.OrgMetrics]:
@@ -251,12 +276,15 @@ def metrics(
     out.print(
         table("jobs by state", ("org", *states), ([m.org, *m.states.values()] for m in per_org))
     )
-    pcts = [f"p{p}" for p in operations.PERCENTILES]
+    pcts = ["mean", *(f"p{p}" for p in operations.PERCENTILES)]
     out.print(
         table(
-            "latency (s)",
-            ("org", *(f"wait {p}" for p in pcts), *(f"run {p}" for p in pcts)),
-            ([m.org, *m.wait_s.values(), *m.run_s.values()] for m in per_org),
+            "latency (s) and error rate (failed / settled)",
+            ("org", *(f"wait {p}" for p in pcts), *(f"run {p}" for p in pcts), "error rate"),
+            (
+                [m.org, *m.wait_s.values(), *m.run_s.values(), _percent(m.error_rate)]
+                for m in per_org
+            ),
         )
     )
     out.print(
@@ -266,6 +294,10 @@ def metrics(
             ((m.org, kind, n) for m in per_org for kind, n in m.error_kinds.items()),
         )
     )
+
+
+def _percent(rate: float | None) -> str:
+    return "" if rate is None else f"{rate:.1%}"
 
 
 @jobs_app.command("archive")

@@ -1,5 +1,5 @@
 """What every CLI command shares: its one error type, the event loop, tables and JSON for
-output, and the reading of dates, ages and states from options."""
+output, and the reading of dates, ages, states and retry changes from options."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from api.schemas import RetryJob
 from projections.lifecycle import JobState
 from projections.models import Job
 from projections.projector import utcnow
 from projections.rows import job_row
+from projections.writes import RetryChanges
 
 T = TypeVar("T")
 
@@ -118,3 +121,22 @@ def parse_state(value: str | None) -> JobState | None:
         raise CliError(
             f"--state must be one of {', '.join(s.value for s in JobState)}, not {value!r}"
         ) from err
+
+
+def parse_retry_changes(
+    options: str | None, priority: int | None, max_attempts: int | None
+) -> RetryChanges:
+    """A retry's replacements from the command line, validated as the API validates them."""
+    body: dict[str, Any] = {"priority": priority, "max_attempts": max_attempts}
+    if options is not None:
+        try:
+            body["options"] = json.loads(options)
+        except json.JSONDecodeError as err:
+            raise CliError(f"--options is not JSON: {err}") from err
+    try:
+        return RetryJob.model_validate(body).changes()
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        raise CliError(f"invalid retry: {problems}") from err

@@ -28,6 +28,7 @@ from promptjobs.runtime import (
     temporal_cli,
 )
 from promptjobs.settings import Settings
+from services.dispatch import PRIORITY_LEVELS
 from workflows import search_attributes
 
 log = logging.getLogger("promptjobs")
@@ -68,6 +69,8 @@ DEV_SERVER_ARGS = [
     "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
     "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
     "--dynamic-config-value", "matching.enableFairness=true",
+    # One priority key per priority 0…100 (services/dispatch.py temporal_priority).
+    "--dynamic-config-value", f"matching.priorityLevels={PRIORITY_LEVELS}",
 ]  # fmt: skip
 
 

@@ -151,7 +151,12 @@ def build_worker(
         client,
         task_queue=settings.temporal_task_queue,
         workflows=[PromptJobWorkflow],
-        activities=[activities.call_adapter, activities.finalize_success, activities.settle_job],
+        activities=[
+            activities.call_adapter,
+            activities.finalize_success,
+            activities.settle_job,
+            activities.check_parents,
+        ],
         max_concurrent_activities=settings.worker_max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.worker_max_concurrent_workflow_tasks,
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_s),

@@ -18,6 +18,8 @@ from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.contracts import PARENTS_CHANGED
+from projections.chain_store import ready_to_wake
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
@@ -28,10 +30,15 @@ from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 log = logging.getLogger("promptjobs.dispatch")
 
 
-def temporal_priority(priority: int) -> Priority:
-    """Our 0 (most urgent) … 100 onto Temporal's default five priority keys (1 is first);
-    the org is the fairness key, so one org's burst cannot starve another's."""
-    return Priority(priority_key=1 + min(100, max(0, priority)) * 4 // 100)
+# Temporal's matcher tells apart only `matching.priorityLevels` keys (default 5); the dev
+# server and docker-compose's dynamic config raise it to this, one level per priority.
+PRIORITY_LEVELS = 101
+
+
+def temporal_priority(priority: int, org: str) -> Priority:
+    """Our 0 (most urgent) … 100 onto Temporal's priority keys 1 … 101 (1 is first), one key
+    per priority; the org is the fairness key, so one org's burst cannot starve another's."""
+    return Priority(priority_key=1 + min(100, max(0, priority)), fairness_key=org)
 
 
 class TemporalUnreachable(Exception):
@@ -124,6 +131,8 @@ class Dispatcher:
             ceiling_s=self.ceiling_s,
             attempt_timeout_s=self.attempt_timeout_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
+            # Set from the prompt's parents when the job is created; only its workflow clears it.
+            after=list(job.waiting_on or []),
         )
 
     async def start(self, job: Job) -> None:
@@ -131,7 +140,6 @@ class Dispatcher:
         if job.scheduled_for is not None:
             wait = job.scheduled_for - datetime.now(UTC)
             delay = wait if wait > timedelta(0) else None
-        priority = temporal_priority(job.priority)
         workflow_input = self.workflow_input(job)
         try:
             await self.client.start_workflow(
@@ -142,7 +150,7 @@ class Dispatcher:
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 start_delay=delay,
-                priority=Priority(priority_key=priority.priority_key, fairness_key=job.org),
+                priority=temporal_priority(job.priority, job.org),
                 search_attributes=initial_search_attributes(workflow_input),
                 static_summary=f"{job.org} · priority {job.priority} · prompt {job.prompt_id}",
             )
@@ -192,7 +200,21 @@ class Dispatcher:
         for job in await self.store.unsettled_before(before):
             if await self.reconcile(job, self._describe):
                 repaired += 1
+        await self.wake_ready_children()
         return repaired
+
+    async def wake_ready_children(self) -> int:
+        """Signal the waiting chain children whose parents have all succeeded: the parent's
+        attempt wakes them as it settles, but a worker killed right after its commit does not."""
+        woken = 0
+        for job_id in await ready_to_wake(self.store.sessions):
+            try:
+                await self.client.get_workflow_handle(job_id).signal(PARENTS_CHANGED)
+                woken += 1
+            except RPCError as err:
+                if err.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+        return woken
 
     async def _describe(self, job_id: str) -> WorkflowExecutionStatus | None:
         try:

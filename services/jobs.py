@@ -10,7 +10,7 @@ from projections import metrics
 from projections.models import Job
 from projections.scope import Scope
 from projections.store import JobStore
-from projections.writes import Submission, Submitted
+from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
 
 
@@ -50,8 +50,17 @@ class JobService:
                 self.dispatcher.kick_cancel(job)
         return job
 
-    async def retry(self, scope: Scope, job_id: str, *, wait: bool = False) -> Job:
-        job = await self.store.retry(scope, job_id)
+    async def retry(
+        self,
+        scope: Scope,
+        job_id: str,
+        changes: RetryChanges | None = None,
+        *,
+        wait: bool = False,
+    ) -> Job:
+        if changes is not None and changes.options is not None:
+            self.validate_options(changes.options)
+        job = await self.store.retry(scope, job_id, changes)
         if wait:
             await self.dispatcher.start_now(job)
         else:

@@ -8,7 +8,7 @@ recorded histories carry the old shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from projections.lifecycle import ErrorKind, JobState
 
@@ -26,6 +26,8 @@ class PromptJobInput:
     attempt_timeout_s: float = 300.0
     # A worker silent for this long is presumed dead and the attempt runs elsewhere.
     heartbeat_timeout_s: float = 10.0
+    # A chain: the parent prompts to wait for (each one's current job succeeded) first.
+    after: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+import builtins
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -24,10 +25,13 @@ with workflow.unsafe.imports_passed_through():
     from activities.contracts import (
         ATTEMPT_REPORTED,
         JOB_CLOSED,
+        PARENTS_CHANGED,
         AdapterCall,
         AdapterOutcome,
         AttemptReport,
+        CheckParents,
         FinalizeSuccess,
+        ParentsCheck,
         SettleJob,
         SettleResult,
     )
@@ -52,6 +56,10 @@ PROJECTION_TIMEOUT = timedelta(seconds=30)
 # histories recorded before it call finalize_success (docs/workflow-versioning.md).
 SETTLE_SUCCESS_IN_CALL = "settle-success-in-call"
 
+# Since this patch a chain's child waits for its parents (a signal, re-checked by an activity)
+# before its first attempt; only inputs with `after` take the path (docs/decisions.md).
+WAIT_FOR_PARENTS = "wait-for-parents"
+
 
 def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
     """What a job's workflow carries from its start, so the Web UI can find it."""
@@ -70,12 +78,21 @@ def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
 class PromptJobWorkflow:
     def __init__(self) -> None:
         self._attempt = 0
+        self._parents_changed = False
 
     @workflow.run
     async def run(self, job: PromptJobInput) -> PromptJobResult:
         settle_in_call = workflow.patched(SETTLE_SUCCESS_IN_CALL)
+        ceiling = timedelta(seconds=job.ceiling_s)
         try:
-            outcome = await self._call_adapter(job, settle_in_call)
+            if job.after and workflow.patched(WAIT_FOR_PARENTS):
+                began = workflow.now()
+                never = await self._wait_for_parents(job, began + ceiling)
+                if never is not None:
+                    return await self._fail(job, ErrorKind.STUCK, never)
+                # The wait counted against the job's own ceiling.
+                ceiling -= workflow.now() - began
+            outcome = await self._call_adapter(job, settle_in_call, ceiling)
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # The workflow was cancelled; the activity's cancellation surfaces here.
@@ -95,6 +112,45 @@ class PromptJobWorkflow:
         except asyncio.CancelledError:
             await self._cancel(job)
             raise
+
+    @workflow.signal(name=PARENTS_CHANGED)
+    def parents_changed(self) -> None:
+        """A parent of this chain's child succeeded: check the parents again."""
+        self._parents_changed = True
+
+    async def _wait_for_parents(self, job: PromptJobInput, deadline: datetime) -> str | None:
+        """Wait, durably, until every parent's current job has succeeded: None then, or the
+        error message once the ceiling has passed first. The check on entry catches a parent
+        that succeeded before this workflow started; a signal wakes every later check."""
+        while True:
+            self._parents_changed = False  # before the check: a signal during it is kept
+            check = await self._check_parents(job)
+            if not check.waiting_on:
+                self._show(JobState.QUEUED)
+                return None
+            workflow.set_current_details(f"queued, waiting for parent prompt(s) {check.detail}")
+            left = (deadline - workflow.now()).total_seconds()
+            if left > 0:
+                try:
+                    await workflow.wait_condition(lambda: self._parents_changed, timeout=left)
+                    continue
+                except builtins.TimeoutError:
+                    pass
+            # The parents as they are now, for the message (a failure sends no signal).
+            check = await self._check_parents(job)
+            return (
+                f"hard ceiling ({job.ceiling_s:g} s) passed while waiting for parent "
+                f"prompt(s) {check.detail or 'that have just succeeded'} to succeed"
+            )
+
+    async def _check_parents(self, job: PromptJobInput) -> ParentsCheck:
+        check: ParentsCheck = await workflow.execute_activity_method(
+            JobActivities.check_parents,
+            CheckParents(job.job_id),
+            start_to_close_timeout=PROJECTION_TIMEOUT,
+            retry_policy=PROJECTION_RETRY,
+        )
+        return check
 
     @workflow.signal(name=ATTEMPT_REPORTED)
     def attempt_reported(self, report: AttemptReport) -> None:
@@ -117,12 +173,14 @@ class PromptJobWorkflow:
             details + (f", last error {error_kind.value}" if error_kind else "")
         )
 
-    async def _call_adapter(self, job: PromptJobInput, settle_success: bool) -> AdapterOutcome:
-        deadline = workflow.now() + timedelta(seconds=job.ceiling_s)
+    async def _call_adapter(
+        self, job: PromptJobInput, settle_success: bool, ceiling: timedelta
+    ) -> AdapterOutcome:
+        deadline = workflow.now() + ceiling
         return await workflow.execute_activity_method(
             JobActivities.call_adapter,
             AdapterCall(job.job_id, job.max_attempts, deadline.timestamp(), settle_success),
-            schedule_to_close_timeout=timedelta(seconds=job.ceiling_s),
+            schedule_to_close_timeout=ceiling,
             start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),
             heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
             # Delays come from the activity (next_retry_delay, by error kind); this interval

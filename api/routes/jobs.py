@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Body, Query, Response, status
 
-from api.deps import Caller, ServicesDep
+from api.deps import Caller, JsonBody, ServicesDep
 from api.problems import problem_responses
-from api.schemas import JobList, JobOut
+from api.schemas import JobList, JobOut, RetryJob
 from projections.lifecycle import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -69,13 +69,20 @@ async def cancel_job(job_id: str, caller: Caller, services: ServicesDep) -> JobO
                 }
             }
         },
-        **problem_responses(401, 404, 409),
+        **problem_responses(401, 404, 409, 415, 422),
     },
     summary="Run a settled job's prompt again as a new job that supersedes it",
 )
 async def retry_job(
-    job_id: str, caller: Caller, services: ServicesDep, response: Response
+    job_id: str,
+    caller: Caller,
+    _json: Annotated[None, JsonBody],
+    services: ServicesDep,
+    response: Response,
+    body: Annotated[RetryJob | None, Body()] = None,
 ) -> JobOut:
-    job = await services.jobs.retry(caller, job_id)
+    """No body (or `{}`) runs the old job's options, priority and max_attempts again; a body
+    replaces those it names, validated as a submission's are."""
+    job = await services.jobs.retry(caller, job_id, body.changes() if body else None)
     response.headers["Location"] = f"/v1/jobs/{job.job_id}"
     return JobOut.of(job)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from api.deps import Caller, JsonBody, ServicesDep
 from api.problems import Problem, problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
+from projections.chains import UnknownPlaceholder, check_placeholders
 from projections.writes import Submission
 
 router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
@@ -29,7 +30,7 @@ ACCEPTED_HEADERS = {
     response_model=Accepted,
     responses={
         202: {"headers": ACCEPTED_HEADERS},
-        **problem_responses(401, 413, 415, 422),
+        **problem_responses(401, 404, 413, 415, 422),
     },
     summary="Submit a prompt; answers at once with the queued job",
 )
@@ -61,6 +62,15 @@ async def submit_prompt(
         )
     options = body.options_as_sent()
     services.jobs.validate_options(options)
+    try:
+        check_placeholders(body.prompt, body.after)
+    except UnknownPlaceholder as err:
+        raise Problem(
+            422,
+            "unknown_placeholder",
+            "Unknown placeholder",
+            f"the prompt's {err.placeholder} cannot be filled: {err.reason}",
+        ) from err
     submission = Submission(
         text=body.prompt,
         priority=body.priority,
@@ -70,6 +80,7 @@ async def submit_prompt(
         idempotency_key=idempotency_key,
         parent_id=body.parent_id,
         correlation_id=body.correlation_id,
+        after=tuple(body.after),
     )
     accepted = await services.jobs.submit(caller, submission)
     response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
@@ -97,8 +108,9 @@ async def list_prompts(
     page = await services.store.prompts_before(caller, limit + 1, before)
     more = len(page) > limit
     page = page[:limit]
+    children = await services.store.children(caller, [prompt.prompt_id for prompt, _ in page])
     return PromptList(
-        prompts=[PromptOut.of(prompt, jobs) for prompt, jobs in page],
+        prompts=[PromptOut.of(p, jobs, children[p.prompt_id]) for p, jobs in page],
         next_before=page[-1][0].prompt_id if more else None,
         cursor=str(cursor),
     )
@@ -106,6 +118,8 @@ async def list_prompts(
 
 @router.get("/{prompt_id}", response_model=PromptOut, responses=problem_responses(401, 404))
 async def read_prompt(prompt_id: str, caller: Caller, services: ServicesDep) -> PromptOut:
-    """The prompt and every job it has had (retries included), oldest first."""
+    """The prompt and every job it has had (retries included), oldest first, with its chain:
+    the prompts it runs after and those that run after it."""
     prompt, jobs = await services.store.prompt(caller, prompt_id)
-    return PromptOut.of(prompt, jobs)
+    children = await services.store.children(caller, [prompt_id])
+    return PromptOut.of(prompt, jobs, children[prompt_id])

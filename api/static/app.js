@@ -8,7 +8,8 @@ const POLL_MS = 1000;
 const POLL_BATCH = 200;
 const RECONNECT_MS = [1000, 2000, 5000, 10000, 30000];
 const IN_FLIGHT = new Set(["queued", "running"]);
-const RETRYABLE = new Set(["failed", "cancelled"]);
+// As the API allows: a settled job that has not been replaced yet.
+const RETRYABLE = new Set(["succeeded", "failed", "cancelled"]);
 
 const $ = (id) => document.getElementById(id);
 
@@ -183,21 +184,105 @@ function buildCard(entry) {
   const actions = el("span", "actions");
   const cancel = el("button", "cancel", "Cancel");
   const retry = el("button", "retry", "Retry");
-  cancel.type = retry.type = "button";
+  const retryWith = el("button", "retry-with", "Retry with…");
+  cancel.type = retry.type = retryWith.type = "button";
   cancel.addEventListener("click", () => act(entry, "cancel"));
   retry.addEventListener("click", () => act(entry, "retry"));
-  actions.append(cancel, retry);
+  retryWith.addEventListener("click", () => openRetryForm(entry));
+  actions.append(cancel, retry, retryWith);
   head.append(badge, when, detail, actions);
+  const retryForm = buildRetryForm(entry);
   const text = el("p", "text");
   const error = el("p", "error-line");
   const note = el("p", "note");
   const response = el("pre", "response");
   const history = el("details", "history");
   history.append(el("summary"), el("ol"));
-  li.append(head, text, error, note, response, history);
+  li.append(head, retryForm, text, error, note, response, history);
   entry.el = li;
-  entry.parts = { badge, when, detail, cancel, retry, text, error, note, response, history };
+  entry.parts = { badge, when, detail, cancel, retry, retryWith, retryForm, text, error, note, response, history };
   return li;
+}
+
+// "Retry with…": the new job's options, priority and max_attempts, prefilled with the current
+// job's; the API validates them as it validates a submission and its problem shows here.
+function buildRetryForm(entry) {
+  const form = el("form", "retry-form");
+  form.hidden = true;
+  form.noValidate = true; // the API's problem details say what is wrong, as for a submission
+  const field = (label, input) => {
+    const wrap = el("label", "retry-field", label);
+    wrap.append(input);
+    return wrap;
+  };
+  const options = el("textarea", "retry-options");
+  options.rows = 2;
+  options.spellcheck = false;
+  const priority = el("input", "retry-priority");
+  priority.type = "number";
+  const maxAttempts = el("input", "retry-max-attempts");
+  maxAttempts.type = "number";
+  const run = el("button", "retry-run", "Run again");
+  run.type = "submit";
+  const close = el("button", "retry-close", "Close");
+  close.type = "button";
+  close.addEventListener("click", () => {
+    form.hidden = true;
+  });
+  const problem = el("span", "retry-error");
+  problem.setAttribute("role", "alert");
+  form.append(
+    field("options (JSON)", options),
+    field("priority", priority),
+    field("max_attempts", maxAttempts),
+    run,
+    close,
+    problem,
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    problem.textContent = "";
+    let body;
+    try {
+      body = retryBody(options.value, priority.value, maxAttempts.value);
+    } catch (err) {
+      problem.textContent = err.message;
+      return;
+    }
+    act(entry, "retry", body);
+  });
+  return form;
+}
+
+function retryBody(rawOptions, priority, maxAttempts) {
+  const body = {};
+  if (rawOptions.trim()) {
+    let options;
+    try {
+      options = JSON.parse(rawOptions);
+    } catch (err) {
+      throw new Error(`options must be JSON: ${err.message}`);
+    }
+    if (options === null || typeof options !== "object" || Array.isArray(options)) {
+      throw new Error("options must be a JSON object");
+    }
+    body.options = options;
+  }
+  if (priority !== "") body.priority = Number(priority);
+  if (maxAttempts !== "") body.max_attempts = Number(maxAttempts);
+  return body;
+}
+
+function openRetryForm(entry) {
+  const job = latestJob(entry);
+  if (!job) return;
+  const form = entry.parts.retryForm;
+  form.querySelector(".retry-options").value = JSON.stringify(job.options || {});
+  form.querySelector(".retry-priority").value = String(job.priority ?? "");
+  form.querySelector(".retry-max-attempts").value = String(job.max_attempts ?? "");
+  form.querySelector(".retry-error").textContent = "";
+  form.hidden = false;
+  form.querySelector(".retry-options").focus();
 }
 
 function place(entry) {
@@ -219,6 +304,8 @@ function describe(job) {
   const attempts = `attempt ${job.attempt} of ${job.max_attempts}`;
   switch (job.state) {
     case "queued":
+      // A chain's child: it runs once these parent prompts' jobs have succeeded.
+      if (job.attempt === 0 && job.waiting_on && job.waiting_on.length) return `waiting for ${job.waiting_on.join(", ")}`;
       if (job.attempt === 0) return job.scheduled_for ? `scheduled for ${clock(job.scheduled_for)}` : "waiting for a worker";
       return job.next_attempt_at
         ? `attempt ${job.attempt + 1} of ${job.max_attempts} at ${clock(job.next_attempt_at)}`
@@ -265,8 +352,9 @@ function render(entry) {
   p.detail.textContent = describe(job);
   p.text.textContent = entry.prompt.prompt;
   p.cancel.hidden = !IN_FLIGHT.has(job.state);
-  p.retry.hidden = !RETRYABLE.has(job.state);
-  if (!entry.busy) p.cancel.disabled = p.retry.disabled = false;
+  p.retry.hidden = p.retryWith.hidden = !RETRYABLE.has(job.state);
+  if (!RETRYABLE.has(job.state)) p.retryForm.hidden = true;
+  if (!entry.busy) p.cancel.disabled = p.retry.disabled = p.retryWith.disabled = false;
 
   const failed = job.error_kind && (job.state === "failed" || job.state === "queued");
   p.error.hidden = !failed;
@@ -290,27 +378,36 @@ function render(entry) {
     item.dataset.jobId = j.job_id;
     item.dataset.state = j.state;
     item.append(el("span", `badge state-${j.state}`, j.state), el("span", "detail", describe(j)), el("code", "job-id", j.job_id));
+    // Which options each job ran with (a retry may have changed them).
+    if (j.options) item.append(el("code", "job-options", JSON.stringify(j.options)));
     return item;
   });
   p.history.lastChild.replaceChildren(...items);
 }
 
-async function act(entry, action) {
+async function act(entry, action, body) {
   const job = latestJob(entry);
   if (!job || entry.busy) return;
   entry.busy = true;
   entry.note = "";
-  entry.parts.cancel.disabled = entry.parts.retry.disabled = true;
+  const p = entry.parts;
+  p.cancel.disabled = p.retry.disabled = p.retryWith.disabled = true;
   const generation = state.generation;
   try {
-    const answer = await api("POST", `/v1/jobs/${encodeURIComponent(job.job_id)}/${action}`);
+    const answer = await api("POST", `/v1/jobs/${encodeURIComponent(job.job_id)}/${action}`, body);
     if (generation !== state.generation) return;
+    p.retryForm.hidden = true;
     onJob(answer);
     if (!state.live) schedulePoll(0);
     // A retry also supersedes the old job; read the prompt so both rows are current now.
     if (action === "retry") fetchPrompt(entry.prompt.prompt_id);
   } catch (err) {
-    entry.note = `Could not ${action}: ${err.message}`;
+    if (body !== undefined) {
+      // A refused "Retry with…": say why next to the fields, which keep what was typed.
+      p.retryForm.querySelector(".retry-error").textContent = err.message;
+    } else {
+      entry.note = `Could not ${action}: ${err.message}`;
+    }
     fetchPrompt(entry.prompt.prompt_id);
   } finally {
     entry.busy = false;

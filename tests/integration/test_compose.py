@@ -27,6 +27,7 @@ from promptjobs import settings_doc
 from promptjobs.cli import app
 from promptjobs.runtime import temporal_cli
 from promptjobs.settings import Settings
+from services.dispatch import PRIORITY_LEVELS
 from tests.conftest import free_port
 from workflows import search_attributes
 
@@ -222,6 +223,8 @@ def test_the_files_it_mounts_exist() -> None:
     assert f"/etc/temporal/{dynamic}" in mounts
     config = yaml.safe_load((ROOT / "deploy/temporal/dynamicconfig.yaml").read_text())
     assert all(isinstance(v, list) and "value" in v[0] for v in config.values())
+    # One Temporal priority key per priority 0…100, as the dispatcher maps them.
+    assert config["matching.priorityLevels"][0]["value"] == PRIORITY_LEVELS
 
 
 def test_the_dockerfile_copies_every_package_and_only_files_that_exist() -> None:

@@ -146,6 +146,28 @@ async def test_cancel_while_temporal_is_unreachable_says_so_in_one_line(
     assert (await stack.settled(job_id))["state"] == "cancelled"
 
 
+async def test_retry_can_change_options_priority_and_attempts(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    failing = {"fake": {"latency_ms": 5, "fail": ["rate_limit"]}}
+    job_id = (await stack.submit("weak", max_attempts=1, options=failing))["job_id"]
+    assert (await stack.settled(job_id))["state"] == "failed"
+    healthy = '{"fake": {"latency_ms": 5}}'
+    refused = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["jobs", "retry", job_id, "--priority", "101", "--options", healthy],
+        env=cli_env(stack),
+    )
+    assert refused.exit_code != 0 and "priority" in str(refused.exception)
+    assert (await stack.job(job_id))["state"] == "failed"
+
+    args = ["jobs", "retry", job_id, "--options", healthy, "--priority", "7"]
+    retried = await cli_json(stack, *args, "--max-attempts", "2")
+    assert retried["options"] == {"fake": {"latency_ms": 5}}
+    assert (retried["priority"], retried["max_attempts"]) == (7, 2)
+    assert (await stack.settled(retried["job_id"]))["state"] == "succeeded"
+
+
 async def test_metrics_per_org(sqlite_stack: Stack) -> None:
     stack = sqlite_stack
     ok = [(await stack.submit(f"p{i}"))["job_id"] for i in range(3)]
@@ -165,11 +187,18 @@ async def test_metrics_per_org(sqlite_stack: Stack) -> None:
     for latency in ("wait_s", "run_s"):
         p50, p99 = orgs["acme"][latency]["p50"], orgs["acme"][latency]["p99"]
         assert p50 is not None and p99 is not None and 0 <= p50 <= p99
+        mean = orgs["acme"][latency]["mean"]
+        assert mean is not None and 0 <= mean <= p99
+    # failed / settled in the window: none of acme's three, globex's only one.
+    assert orgs["acme"]["error_rate"] == 0.0
+    assert orgs["globex"]["error_rate"] == 1.0
+    assert orgs["*"]["error_rate"] == 0.25
     only = (await cli_json(stack, "jobs", "metrics", "--org", "globex"))["orgs"]
     assert {m["org"] for m in only} == {"globex", "*"}
 
     human = (await cli(stack, "jobs", "metrics")).output
     assert "rate_limit" in human and "wait p50" in human and "globex" in human
+    assert "wait mean" in human and "error rate" in human and "100.0%" in human
 
 
 async def test_archive_removes_old_settled_jobs_and_their_orphaned_prompts(

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 from temporalio.testing import WorkflowEnvironment
 
@@ -49,6 +50,26 @@ async def test_urgent_jobs_jump_a_backlog(dev_server: WorkflowEnvironment, tmp_p
     positions = sorted(order.index(job_id) for job_id in urgent)
     print("urgent jobs started at positions", positions, "of 13")
     assert positions == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "priorities",
+    # The seed's proof, then neighbours that Temporal's default five keys would rank the same.
+    [[90, 50, 10], [12, 11, 10]],
+    ids=["seed-90-50-10", "neighbours-12-11-10"],
+)
+async def test_every_priority_runs_in_its_own_order(
+    dev_server: WorkflowEnvironment, tmp_path: Path, priorities: list[int]
+) -> None:
+    settings = make_settings(tmp_path, worker_max_concurrent_activities=1)
+    async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        jobs = {p: await _submit(stack.http, f"p{p}", priority=p) for p in priorities}
+        await _all_dispatched(stack, len(priorities))
+        async with new_worker(settings, dev_server.client, stack.projection):
+            order = await _start_order(stack, list(jobs.values()))
+    by_job = {job_id: p for p, job_id in jobs.items()}
+    print("submitted at", priorities, "ran at", [by_job[j] for j in order])
+    assert [by_job[j] for j in order] == sorted(priorities)
 
 
 async def test_one_orgs_burst_does_not_starve_another(

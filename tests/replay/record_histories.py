@@ -1,6 +1,7 @@
 """Record the replay set: run every path of PromptJobWorkflow for real and save its history.
 
     .venv/bin/python -m tests.replay.record_histories        # rewrites tests/replay/histories/
+    .venv/bin/python -m tests.replay.record_histories --version v5 chain_waits_then_runs ...
 
 Run it after an intended, versioned workflow change (see docs/workflow-versioning.md), and
 commit the new histories *beside* the old ones: the old ones keep guarding in-flight jobs.
@@ -101,6 +102,46 @@ async def scheduled(stack: Stack, _env: WorkflowEnvironment) -> str:
     return await _run(stack, scheduled_for=at)
 
 
+async def _chain(stack: Stack, parent_options: dict[str, object]) -> tuple[str, str]:
+    """A parent and a child waiting on it: their job ids."""
+    parent = await stack.submit("replay parent", options=parent_options)
+    child = await stack.submit("child of {{after[0]}}", after=[parent["prompt_id"]])
+    return str(parent["job_id"]), str(child["job_id"])
+
+
+async def chain_waits_then_runs(stack: Stack, _env: WorkflowEnvironment) -> str:
+    _parent, child = await _chain(stack, {"fake": {"latency_ms": 1500}})
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(child, timeout=60)
+    return child
+
+
+async def chain_parent_retried(stack: Stack, _env: WorkflowEnvironment) -> str:
+    parent, child = await _chain(stack, {"fake": {"fail": ["auth"]}})
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(parent)
+        retry = await stack.http.post(f"/v1/jobs/{parent}/retry", json={"options": {}})
+        assert retry.status_code == 202, retry.text
+        await stack.settled(child, timeout=60)
+    return child
+
+
+async def chain_cancel_waiting(stack: Stack, _env: WorkflowEnvironment) -> str:
+    parent, child = await _chain(stack, {"fake": {"fail": ["auth"]}})
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(parent)
+        assert (await stack.http.post(f"/v1/jobs/{child}/cancel")).status_code == 202
+        await stack.settled(child)
+    return child
+
+
+async def chain_stuck_waiting(stack: Stack, _env: WorkflowEnvironment) -> str:
+    _parent, child = await _chain(stack, {"fake": {"fail": ["auth"]}})
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        await stack.settled(child, timeout=60)
+    return child
+
+
 async def _dispatched(stack: Stack, job_id: str) -> bool:
     async with stack.projection.sessions() as session:
         from projections.models import Job
@@ -120,10 +161,15 @@ SCENARIOS: dict[str, Scenario] = {
     "crash_recovery": crash_recovery,
     "stuck": stuck,
     "scheduled": scheduled,
+    # Chains (patch wait-for-parents), recorded as v5.
+    "chain_waits_then_runs": chain_waits_then_runs,
+    "chain_parent_retried": chain_parent_retried,
+    "chain_cancel_waiting": chain_cancel_waiting,
+    "chain_stuck_waiting": chain_stuck_waiting,
 }
 
 
-async def record(names: list[str]) -> None:
+async def record(names: list[str], version: str = VERSION) -> None:
     env = await WorkflowEnvironment.start_local(
         port=free_port(),
         search_attributes=search_attributes.ALL,
@@ -139,7 +185,7 @@ async def record(names: list[str]) -> None:
                     heartbeat_timeout_s=2.0,
                     backoff_initial_s=1.0,
                     rate_limit_default_s=1.0,
-                    job_ceiling_s=3.0 if name == "stuck" else 900.0,
+                    job_ceiling_s=3.0 if name in ("stuck", "chain_stuck_waiting") else 900.0,
                 )
                 async with running_stack(settings, env.client, run_worker=False) as stack:
                     job_id = await SCENARIOS[name](stack, env)
@@ -147,7 +193,7 @@ async def record(names: list[str]) -> None:
                     with contextlib.suppress(WorkflowFailureError):
                         await env.client.get_workflow_handle(job_id).result()
                     state = (await stack.job(job_id))["state"]
-                    path = HISTORIES / f"{VERSION}-{name}.json"
+                    path = HISTORIES / f"{version}-{name}.json"
                     path.write_text(await export_history(env.client, job_id))
                     print(f"{name:20} {state:10} → {path.relative_to(Path.cwd())}")
     finally:
@@ -155,4 +201,8 @@ async def record(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(record(sys.argv[1:] or list(SCENARIOS)))
+    args = sys.argv[1:]
+    version = VERSION
+    if args[:1] == ["--version"]:
+        version, args = args[1], args[2:]
+    asyncio.run(record(args or list(SCENARIOS), version))

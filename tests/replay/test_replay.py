@@ -27,6 +27,8 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 PATHS = {
     "success", "retry_then_success", "exhausted", "non_retryable", "rate_limited",
     "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
+    "chain_waits_then_runs", "chain_parent_retried", "chain_cancel_waiting",
+    "chain_stuck_waiting",
 }  # fmt: skip
 
 

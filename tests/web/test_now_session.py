@@ -77,7 +77,8 @@ async def test_submitted_prompt_goes_queued_running_succeeded_without_reloading(
     assert await page.input_value("#prompt") == "a draft in progress"
     assert await item.locator(".badge").first.inner_text() == "SUCCEEDED"
     await expect(item.locator("button.cancel")).to_be_hidden()
-    await expect(item.locator("button.retry")).to_be_hidden()
+    # A succeeded job can be run again too, as the API allows.
+    await expect(item.locator("button.retry")).to_be_visible()
     await screenshot(page, "now-session-succeeded")
     assert errors == []
 
@@ -152,6 +153,51 @@ async def test_failed_prompt_shows_failed_and_retry_runs_a_new_job(
     assert (await web_stack.job(retried_id))["supersedes"] == accepted["job_id"]
     await history.locator("summary").click()
     await screenshot(page, "now-session-failed-retried")
+    assert errors == []
+
+
+async def test_retry_with_other_options_from_the_page_runs_them(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    failing = {"fake": {"fail": ["auth"]}}
+    accepted = await submit_through_page(page, "weak model", failing)
+    item = card(page, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "failed")
+
+    await item.locator("button.retry-with").click()
+    form = item.locator("form.retry-form")
+    await expect(form).to_be_visible()
+    # Prefilled with what the failed job ran with.
+    assert json.loads(await form.locator(".retry-options").input_value()) == failing
+    await expect(form.locator(".retry-priority")).to_have_value("50")
+    await expect(form.locator(".retry-max-attempts")).to_have_value("3")
+
+    # A value the API refuses is shown in the form, and nothing is retried.
+    await form.locator(".retry-priority").fill("101")
+    await form.locator("button.retry-run").click()
+    await expect(form.locator(".retry-error")).to_contain_text("priority")
+    assert (await web_stack.job(accepted["job_id"]))["state"] == "failed"
+
+    healthy = {"fake": {"latency_ms": 10}}
+    await form.locator(".retry-options").fill(json.dumps(healthy))
+    await form.locator(".retry-priority").fill("5")
+    await form.locator(".retry-max-attempts").fill("1")
+    await screenshot(page, "now-session-retry-with")
+    await form.locator("button.retry-run").click()
+
+    await expect(form).to_be_hidden()
+    await expect(item).not_to_have_attribute("data-job-id", accepted["job_id"])
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(fake_output("weak model"))
+    retried = await web_stack.job(str(await item.get_attribute("data-job-id")))
+    assert (retried["options"], retried["priority"], retried["max_attempts"]) == (healthy, 5, 1)
+    # The history says which options each job ran with.
+    history = item.locator(".history")
+    await history.locator("summary").click()
+    await expect(history.locator(".job-options")).to_have_text(
+        [json.dumps(failing, separators=(",", ":")), json.dumps(healthy, separators=(",", ":"))]
+    )
     assert errors == []
 
 

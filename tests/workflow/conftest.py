@@ -43,6 +43,7 @@ class Harness:
                 text=prompt,
                 priority=50,
                 max_attempts=int(options.pop("max_attempts", 3)),
+                after=tuple(options.pop("after", ())),
                 options=options,
             ),
         )
