@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections.db import VisibleHorizon
 from projections.errors import NotFound
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, Prompt, Response
@@ -40,11 +41,13 @@ class JobReads:
     ) -> Page:
         """The caller's jobs whose last change is after `since`, in change order.
 
-        The log's newest id is read first. Event ids commit in order (see `lock_event_log`),
-        so the query that follows sees every change up to that id; a page shorter than
-        `limit` therefore holds every job changed after `since`, and the cursor may move to
-        that id (or the page's last change, if later) even when no job of the caller's
-        changed or none matched `state`. An empty page means: caught up."""
+        The log's newest final id (below `VisibleHorizon`: no transaction still in flight
+        can add an event below it) is read first, so the query that follows sees every
+        change up to that id; a page shorter than `limit` therefore holds every job changed
+        after `since`, and the cursor may move to that id (or the page's last change, if
+        later) even when no job of the caller's changed or none matched `state`. A job whose
+        last change is not final yet waits for the next page. An empty page means: caught
+        up."""
         async with self.sessions() as session:
             newest = await self._newest_event_id(session)
             stmt = changed_since_query(scope, since, limit, state)
@@ -77,7 +80,8 @@ class JobReads:
 
     @staticmethod
     async def _newest_event_id(session: AsyncSession) -> int:
-        return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
+        newest = select(func.max(JobEvent.id)).where(JobEvent.id < VisibleHorizon())
+        return int((await session.execute(newest)).scalar() or 0)
 
     async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
         if not plausible(prompt_id):
@@ -144,7 +148,9 @@ def changed_since_query(
     scope: Scope, since: int, limit: int, state: JobState | None = None
 ) -> Select[Any]:
     """Served by ix_jobs_org[_author][_state]_last_event: an index range scan, no sort."""
-    stmt = scoped(select(Job), Job, scope).where(Job.last_event_id > since)
+    stmt = scoped(select(Job), Job, scope).where(
+        Job.last_event_id > since, Job.last_event_id < VisibleHorizon()
+    )
     if state is not None:
         stmt = stmt.where(Job.state == state)
     return stmt.order_by(Job.last_event_id).limit(limit)
@@ -157,8 +163,11 @@ def events_query(
     job_id: str | None = None,
     prompt_id: str | None = None,
 ) -> Select[Any]:
-    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index."""
-    stmt = scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
+    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index. Only final
+    events (`VisibleHorizon`): a cursor past them never skips one committed later."""
+    stmt = scoped(select(JobEvent), JobEvent, scope).where(
+        JobEvent.id > since, JobEvent.id < VisibleHorizon()
+    )
     if job_id is not None:
         stmt = stmt.where(JobEvent.job_id == job_id)
     if prompt_id is not None:

@@ -1,6 +1,7 @@
 """The job store's writes from the API and CLI: accept a submission, a user retry, a cancel
-request, and the dispatcher's marks. Each is one transaction; the projector's transitions
-(projections/projector.py) are the only other writer."""
+request, and the dispatcher's marks. Each is one transaction, run like the projector's
+transitions (projections/projector.py, the only other writer): a plain function of a
+`WriteTx`, batched with its neighbours by the process's GroupCommit."""
 
 from __future__ import annotations
 
@@ -10,22 +11,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import transaction
+from projections.db import WriteTx
 from projections.errors import IdempotencyConflict, InvalidState, NotFound
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
-from projections.models import Job, Prompt
+from projections.models import Base, Job, Prompt
 from projections.projector import (
+    JOBS,
     Projector,
     Transition,
     append_event,
-    apply_in,
-    load_for_update,
-    lock_event_log,
+    current,
+    share_prompts_with_archive,
+    transition,
     utcnow,
 )
 from projections.scope import Scope, plausible, visible
@@ -64,6 +66,9 @@ class Submitted:
     created: bool  # False when an Idempotency-Key replay returned the original
 
 
+PROMPTS = Base.metadata.tables[Prompt.__tablename__]
+
+
 class JobWrites:
     sessions: async_sessionmaker[AsyncSession]
     projector: Projector
@@ -76,28 +81,25 @@ class JobWrites:
             if replay is not None:
                 return replay
 
-        async def write(session: AsyncSession) -> Submitted:
-            await lock_event_log(session)
-            now = utcnow()  # under the lock: timestamps follow event order
-            prompt = Prompt(
-                prompt_id=new_prompt_id(),
-                org=scope.org,
-                author=scope.user,
-                text=submission.text,
-                options=submission.options,
-                parent_id=submission.parent_id,
-                correlation_id=submission.correlation_id,
-                idempotency_key=submission.idempotency_key,
-                request_hash=fingerprint,
-                created_at=now,
-            )
-            session.add(prompt)
-            await session.flush()
-            job = self._new_job(prompt, submission.priority, submission.max_attempts, now)
+        def write(tx: WriteTx) -> Submitted:
+            now = utcnow()
+            prompt = {
+                "prompt_id": new_prompt_id(),
+                "org": scope.org,
+                "author": scope.user,
+                "text": submission.text,
+                "options": submission.options,
+                "parent_id": submission.parent_id,
+                "correlation_id": submission.correlation_id,
+                "idempotency_key": submission.idempotency_key,
+                "request_hash": fingerprint,
+                "created_at": now,
+            }
+            tx.execute(insert(PROMPTS), prompt)
+            job = self._new_job(tx, prompt, submission.priority, submission.max_attempts, now)
             job.scheduled_for = submission.scheduled_for
-            session.add(job)
-            await append_event(session, job, now)
-            return Submitted(prompt, job, created=True)
+            self._insert_job(tx, job, now)
+            return Submitted(Prompt(**prompt), job, created=True)
 
         try:
             # Concurrent submits share a transaction (GroupCommit); each returns after its commit.
@@ -140,42 +142,52 @@ class JobWrites:
             return Submitted(prompt, job, created=False)
 
     @staticmethod
-    def _new_job(prompt: Prompt, priority: int, max_attempts: int, now: datetime) -> Job:
+    def _new_job(
+        tx: WriteTx, prompt: dict[str, Any], priority: int, max_attempts: int, now: datetime
+    ) -> Job:
         return Job(
             job_id=new_job_id(),
-            prompt_id=prompt.prompt_id,
-            org=prompt.org,
-            author=prompt.author,
+            prompt_id=prompt["prompt_id"],
+            org=prompt["org"],
+            author=prompt["author"],
             state=JobState.QUEUED,
             priority=priority,
             attempt=0,
             max_attempts=max_attempts,
             progress_rank=1,
+            last_event_id=tx.next_event_id(),
             created_at=now,
             updated_at=now,
         )
+
+    @staticmethod
+    def _insert_job(tx: WriteTx, job: Job, now: datetime) -> None:
+        tx.execute(insert(JOBS), {c.key: getattr(job, c.key) for c in JOBS.c})
+        append_event(tx, job, job.last_event_id, now)
 
     async def retry(self, scope: Scope, job_id: str) -> Job:
         """A user retry: a new queued job for the same prompt that supersedes `job_id`."""
         if not plausible(job_id):
             raise NotFound("job", job_id)
-        async with transaction(self.sessions) as session:
-            old = await load_for_update(session, job_id)
-            now = utcnow()  # under the lock: timestamps follow event order
+
+        def write(tx: WriteTx) -> Job:
+            share_prompts_with_archive(tx)
+            old = current(tx, job_id, for_update=True)
+            now = utcnow()
             if old is None or not visible(old, scope):
                 raise NotFound("job", job_id)
             if not old.state.is_retryable_by_user():
                 raise InvalidState(old.job_id, old.state, "retry")
-            prompt = await session.get(Prompt, old.prompt_id)
-            assert prompt is not None
-            new = self._new_job(prompt, old.priority, old.max_attempts, now)
+            prompt = {"prompt_id": old.prompt_id, "org": old.org, "author": old.author}
+            new = self._new_job(tx, prompt, old.priority, old.max_attempts, now)
             new.supersedes = old.job_id
-            session.add(new)
-            await append_event(session, new, now)
+            self._insert_job(tx, new, now)
             superseded = Transition(old.job_id, JobState.SUPERSEDED, superseded_by=new.job_id)
-            result = await apply_in(session, old, superseded, now)
-            if not result.applied:
+            if transition(tx, superseded, now) is None:
                 raise InvalidState(old.job_id, old.state, "retry")
+            return new
+
+        new = await self.projector.writes.run(write)
         self._notify()
         return new
 
@@ -184,46 +196,49 @@ class JobWrites:
         now (nothing else could); otherwise the workflow decides, and the flag says so."""
         if not plausible(job_id):
             raise NotFound("job", job_id)
-        async with transaction(self.sessions) as session:
-            job = await load_for_update(session, job_id)
-            now = utcnow()  # under the lock: timestamps follow event order
+
+        def write(tx: WriteTx) -> tuple[Job, bool]:
+            job = current(tx, job_id, for_update=True)
+            now = utcnow()
             if job is None or not visible(job, scope):
                 raise NotFound("job", job_id)
             if not job.state.is_cancelable():
                 raise InvalidState(job.job_id, job.state, "cancel")
+            tx.execute(
+                update(JOBS)
+                .where(JOBS.c.job_id == job_id)
+                .values(cancel_requested_at=func.coalesce(JOBS.c.cancel_requested_at, now))
+            )
             job.cancel_requested_at = job.cancel_requested_at or now
-            if job.dispatched_at is None:
-                await apply_in(session, job, Transition(job_id, JobState.CANCELLED), now)
-                needs_workflow = False
-            else:
-                needs_workflow = True
+            if job.dispatched_at is not None:
+                return job, True
+            cancelled = transition(tx, Transition(job_id, JobState.CANCELLED), now)
+            return cancelled or job, False
+
+        job, needs_workflow = await self.projector.writes.run(write)
         self._notify()
         return job, needs_workflow
 
     async def mark_dispatched(self, job_id: str) -> None:
         """Note that the job's workflow is started. A burst of starts shares transactions
         (GroupCommit) with each other and with the submits."""
-
-        async def write(session: AsyncSession) -> None:
-            await session.execute(
-                update(Job)
-                .where(Job.job_id == job_id, Job.dispatched_at.is_(None))
-                .values(dispatched_at=utcnow())
-            )
-
-        await self.projector.writes.run(write)
+        await self._set(job_id, dispatched_at=utcnow(), only_if_unset="dispatched_at")
 
     async def mark_undispatched(self, job_id: str) -> None:
-        async with transaction(self.sessions) as session:
-            await session.execute(
-                update(Job).where(Job.job_id == job_id).values(dispatched_at=None)
-            )
+        await self._set(job_id, dispatched_at=None)
 
     async def cancel_delivered(self, job_id: str) -> None:
-        async with transaction(self.sessions) as session:
-            await session.execute(
-                update(Job).where(Job.job_id == job_id).values(cancel_requested_at=None)
-            )
+        await self._set(job_id, cancel_requested_at=None)
+
+    async def _set(self, job_id: str, only_if_unset: str | None = None, **values: Any) -> None:
+        where = [JOBS.c.job_id == job_id]
+        if only_if_unset is not None:
+            where.append(JOBS.c[only_if_unset].is_(None))
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(update(JOBS).where(*where).values(values))
+
+        await self.projector.writes.run(write)
 
     def _notify(self) -> None:
         if self.projector.on_commit is not None:

@@ -26,7 +26,7 @@ from activities.job_activities import JobActivities
 from api.app import create_app
 from api.changes import ChangeFeed
 from api.deps import Services
-from projections.db import create_engine, migrate, session_factory
+from projections.db import create_engine, dispose, migrate, session_factory
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
@@ -69,7 +69,7 @@ async def open_projection(
         if listener is not None:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
-        await engine.dispose()
+        await dispose(engine)
 
 
 def build_adapters(settings: Settings) -> AdapterRegistry:
