@@ -27,6 +27,7 @@ from api.app import create_app
 from api.changes import ChangeFeed
 from api.deps import Services
 from projections.db import create_engine, dispose, migrate, session_factory
+from projections.keys import KeyCache
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
@@ -189,6 +190,7 @@ def build_app(
             max_prompt_bytes=settings.max_prompt_bytes,
             sse_poll_interval_s=settings.sse_poll_interval_s,
             sse_keepalive_s=settings.sse_keepalive_s,
+            keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),
         )
     )
 

@@ -45,7 +45,8 @@ def write_slowly(url: str, jobs: list[str], seed: int) -> None:
     rng = random.Random(seed)
     writer = SyncWriter(url)
     # Round-robin over the writer's jobs: each job's transitions in their own order.
-    steps = [t for stage in zip(*(lifecycle_of(job_id) for job_id in jobs)) for t in stage]
+    stages = zip(*(lifecycle_of(job_id) for job_id in jobs), strict=True)
+    steps = [t for stage in stages for t in stage]
     try:
         while steps:
             take = rng.randint(1, 3)
