@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, func, insert, select, text, update
+from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import GroupCommit, WriteTx
+from projections.db import GroupCommit, Prepared, WriteTx
 from projections.lifecycle import (
     AttemptResult,
     ErrorKind,
@@ -78,8 +78,9 @@ def job_of(row: Row[Any]) -> Job:
 
 def append_event(tx: WriteTx, job: Job, event_id: int, now: datetime) -> int:
     """Log the row as it now stands; `event_id` is already the row's last_event_id."""
-    tx.execute(
-        insert(EVENTS),
+    statement = prepared(tx, ("append_event",), lambda: insert(EVENTS))
+    statement.run(
+        tx,
         {
             "id": event_id,
             "type": STATE_CHANGED,
@@ -98,10 +99,13 @@ def append_event(tx: WriteTx, job: Job, event_id: int, now: datetime) -> int:
 
 
 def _guard(t: Transition) -> list[ColumnElement[bool]]:
-    """The WHERE clause that makes the database refuse what `_accepts` used to refuse."""
-    where = [JOBS.c.job_id == t.job_id, JOBS.c.state.in_(sources_of(t.target, t.error_kind))]
+    """The WHERE clause that makes the database refuse an illegal or stale transition."""
+    where = [
+        JOBS.c.job_id == bindparam("g_job_id", None),
+        JOBS.c.state.in_(sources_of(t.target, t.error_kind)),
+    ]
     if t.require_current_attempt:
-        where.append(JOBS.c.attempt == t.attempt)
+        where.append(JOBS.c.attempt == bindparam("g_attempt", None, type_=Integer()))
     if not t.target.is_terminal:
         where.append(JOBS.c.progress_rank < _rank(t))
     return where
@@ -109,21 +113,18 @@ def _guard(t: Transition) -> list[ColumnElement[bool]]:
 
 def _rank(t: Transition) -> Any:
     if t.attempt is not None:
-        return progress_rank(t.target, t.attempt)
+        return bindparam("g_rank", None, type_=Integer())
     # The row's own attempt: a rank is linear in the attempt (2n, 2n + 1).
     return progress_rank(t.target, 0) + 2 * JOBS.c.attempt
 
 
 def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
-    """The SET clause: the row after `t`, in the same statement as its guard."""
+    """The SET clause's values: the row after `t`, in the same statement as its guard."""
     values: dict[str, Any] = {"state": t.target, "updated_at": now, "last_event_id": event_id}
     if t.attempt is not None:
         values["attempt"] = t.attempt
-    if not t.target.is_terminal:
-        values["progress_rank"] = _rank(t)
     if t.target is JobState.RUNNING:
         values.update(worker=t.worker, next_attempt_at=None)
-        values["started_at"] = func.coalesce(JOBS.c.started_at, now)
     elif t.target is JobState.QUEUED:
         values["next_attempt_at"] = t.next_attempt_at
     if t.error_kind is not None:
@@ -137,15 +138,57 @@ def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
     return values
 
 
+def _transition_statement(t: Transition) -> Any:
+    """UPDATE jobs SET ... WHERE <guard> RETURNING *, for every transition of `t`'s shape."""
+    values: dict[str, Any] = {
+        column: bindparam(f"v_{column}", None, type_=JOBS.c[column].type)
+        for column in _changes(t, 0, utcnow())
+    }
+    if not t.target.is_terminal:
+        values["progress_rank"] = _rank(t)
+    if t.target is JobState.RUNNING:
+        values["started_at"] = func.coalesce(
+            JOBS.c.started_at, bindparam("v_updated_at", None, type_=JOBS.c.updated_at.type)
+        )
+    return update(JOBS).where(*_guard(t)).values(values).returning(*JOBS.c)
+
+
+def _shape(t: Transition) -> tuple[Any, ...]:
+    return (
+        t.target,
+        t.attempt is None,
+        t.require_current_attempt,
+        t.error_kind is not None,
+        sources_of(t.target, t.error_kind),
+    )
+
+
+_prepared: dict[tuple[Any, ...], Prepared] = {}
+
+
+def prepared(tx: WriteTx, key: tuple[Any, ...], build: Callable[[], Any]) -> Prepared:
+    """The statement `build` makes, compiled once per dialect and `key`."""
+    full = (tx.conn.dialect.name, *key)
+    found = _prepared.get(full)
+    if found is None:
+        found = _prepared[full] = Prepared(build(), tx.conn.dialect)
+    return found
+
+
 def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
     """Apply `t` if the row allows it: the row as it now stands, or None if refused."""
     event_id = tx.next_event_id()
-    row = tx.execute(
-        update(JOBS).where(*_guard(t)).values(_changes(t, event_id, now)).returning(*JOBS.c)
-    ).first()
+    statement = prepared(tx, ("transition", *_shape(t)), lambda: _transition_statement(t))
+    params = {f"v_{column}": value for column, value in _changes(t, event_id, now).items()}
+    params["g_job_id"] = t.job_id
+    if t.require_current_attempt:
+        params["g_attempt"] = t.attempt
+    if t.attempt is not None and not t.target.is_terminal:
+        params["g_rank"] = progress_rank(t.target, t.attempt)
+    row = statement.run(tx, params)
     if row is None:
         return None
-    job = job_of(row)
+    job = Job(**row)
     append_event(tx, job, event_id, now)
     return job
 
