@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.changes import ChangeFeed
 from api.problems import Problem
-from projections.keys import authenticate, key_id_of
+from projections.keys import KeyCache, key_id_of
 from projections.scope import Scope
 from projections.store import JobStore
 from services.jobs import JobService
@@ -24,6 +24,7 @@ class Services:
     max_prompt_bytes: int
     sse_keepalive_s: float
     sse_max_lifetime_s: float
+    keys: KeyCache = field(default_factory=KeyCache)
 
 
 def get_services(request: Request) -> Services:
@@ -46,7 +47,7 @@ async def _authenticate(services: Services, token: str | None) -> Scope:
             "send `Authorization: Bearer <key>`; create a key with `promptjobs keys create`",
             headers=challenge,
         )
-    scope = await authenticate(services.store.sessions, token)
+    scope = await services.keys.authenticate(services.store.sessions, token)
     if scope is None:
         raise Problem(
             401,

@@ -5,16 +5,24 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import (
+    AbstractAsyncContextManager,
+    AbstractContextManager,
+    asynccontextmanager,
+    contextmanager,
+    nullcontext,
+)
 from pathlib import Path
 from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, event
+from sqlalchemy import BigInteger, Connection, Engine, Executable, event, text
+from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -22,6 +30,11 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
+
+from projections import metrics
+from projections.notifications import EVENTS_CHANNEL
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -58,23 +71,24 @@ def is_sqlite(engine: AsyncEngine) -> bool:
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     if make_url(url).get_backend_name() == "sqlite":
         engine = create_async_engine(async_url(url), connect_args={"timeout": 30})
-        _make_sqlite_transactional(engine)
+        _make_sqlite_transactional(engine.sync_engine)
         return engine
     return create_async_engine(
         async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
     )
 
 
-def _make_sqlite_transactional(engine: AsyncEngine) -> None:
+def _make_sqlite_transactional(engine: Engine, *, always_write: bool = False) -> None:
     """WAL for concurrent readers; BEGIN IMMEDIATE so two writers queue instead of deadlocking.
 
     pysqlite's own transaction handling begins lazily and cannot upgrade a read lock safely,
     so we take over BEGIN (the recipe from SQLAlchemy's SQLite dialect documentation). Only
     `transaction()` writes, and only it takes the write lock: reads (a poll, an SSE query, the
     API key lookup of every request) begin deferred and never wait for a writer, under WAL.
+    The synchronous writer's engine (`SyncWriter`) only writes: `always_write`.
     """
 
-    @event.listens_for(engine.sync_engine, "connect")
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -84,11 +98,10 @@ def _make_sqlite_transactional(engine: AsyncEngine) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql(
-            "BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITE) else "BEGIN"
-        )
+        writes = always_write or conn.get_execution_options().get(WRITE)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
@@ -178,24 +191,168 @@ def migrate(url: str) -> None:
         database = make_url(url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+            # `promptjobs api` and `worker` started together on a new database: one migrates,
+            # the others wait here and find the schema at head (PostgreSQL: env.py's lock).
+            fd = os.open(f"{database}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                command.upgrade(alembic_config(url), "head")
+            finally:
+                os.close(fd)  # releases the lock
+            return
     command.upgrade(alembic_config(url), "head")
 
 
 T = TypeVar("T")
-Write = Callable[[AsyncSession], Awaitable[T]]
+Write = Callable[["WriteTx"], T]
+
+# PostgreSQL event ids are (writing transaction's id << 20) + the event's number within it:
+# ordered by transaction first, so a reader that only returns events of transactions older
+# than every one still in flight never skips one (docs/decisions.md, "The event cursor").
+EVENTS_PER_TRANSACTION = 1 << 20
+
+
+class WriteTx:
+    """One write transaction on a synchronous connection, run inside one thread hop.
+
+    Writes are plain functions of it (no awaits): a transition is a guarded UPDATE and an
+    INSERT, so a transaction costs one hop to a thread, not one per statement. It hands out
+    event ids (see `EVENTS_PER_TRANSACTION`) and collects what to do once it commits."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.postgresql = conn.dialect.name == "postgresql"
+        self.committed_transitions: list[tuple[str, str]] = []
+        self._next_event_id: int | None = None
+        self.last_event_id: int | None = None
+
+    def execute(self, statement: Executable, params: dict[str, Any] | None = None) -> Any:
+        return self.conn.execute(statement, params)
+
+    def next_event_id(self) -> int:
+        """The id the transaction's next event gets (taken by `used_event_id`)."""
+        if self._next_event_id is None:
+            self._next_event_id = self._first_event_id()
+        return self._next_event_id
+
+    def used_event_id(self, event_id: int) -> None:
+        assert event_id == self._next_event_id, "event ids are taken in order"
+        self.last_event_id = event_id
+        self._next_event_id = event_id + 1
+
+    def _first_event_id(self) -> int:
+        if self.postgresql:
+            xid = self.conn.exec_driver_sql("SELECT pg_current_xact_id()::text::bigint").scalar()
+            return int(xid or 0) * EVENTS_PER_TRANSACTION + 1
+        # SQLite: this transaction holds the write lock, so the next id is the log's next one;
+        # AUTOINCREMENT keeps the high-water mark even when the newest events are archived.
+        seq = self.conn.exec_driver_sql(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'job_events'), 0),"
+            " coalesce((SELECT max(id) FROM job_events), 0))"
+        ).scalar()
+        return int(seq or 0) + 1
+
+
+class SyncWriteTurn:
+    """The synchronous writers' share of `WriteTurn`: one at a time in the process (a thread
+    lock), then the same `flock` beside the database, held only for the transaction."""
+
+    def __init__(self, database: str) -> None:
+        self.path = f"{database}.write-lock"
+        self._local = threading.Lock()
+        self._fd: int | None = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._local:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+
+class SyncWriter:
+    """The synchronous engine the projection's writes run on, beside the async one that reads."""
+
+    def __init__(self, url: str, *, pool_size: int = 2) -> None:
+        self.sqlite = make_url(url).get_backend_name() == "sqlite"
+        self.turn: Callable[[], AbstractContextManager[Any]] = nullcontext
+        if self.sqlite:
+            self.engine = sa_create_engine(
+                sync_url(url), connect_args={"timeout": 30, "check_same_thread": False}
+            )
+            _make_sqlite_transactional(self.engine, always_write=True)
+            database = make_url(url).database
+            if database and database != ":memory:":
+                self.turn = SyncWriteTurn(database)
+        else:
+            self.engine = sa_create_engine(
+                sync_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+            )
+
+    def run(self, writes: list[Write[Any]], max_hold_s: float | None = None) -> list[Any]:
+        """Run `writes` in one transaction, in order, and commit: their results. With
+        `max_hold_s`, stop taking writes once the transaction has been open that long (the
+        results are then fewer than the writes). Raises, committing nothing, if one raises."""
+        results: list[Any] = []
+        with self.turn(), self.engine.connect() as conn:
+            with conn.begin():
+                tx = WriteTx(conn)
+                began = time.monotonic()
+                for write in writes:
+                    results.append(write(tx))
+                    if max_hold_s is not None and time.monotonic() - began >= max_hold_s:
+                        break
+                if tx.postgresql and tx.last_event_id is not None:
+                    # Delivered at commit to API processes that wake their SSE streams on it.
+                    conn.execute(
+                        text("SELECT pg_notify(:channel, :payload)"),
+                        {"channel": EVENTS_CHANNEL, "payload": str(tx.last_event_id)},
+                    )
+        metrics.count_transitions(tx.committed_transitions)
+        return results
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+# One per async engine, so every GroupCommit of a process shares its pool and write turn.
+_writers: weakref.WeakKeyDictionary[Engine, SyncWriter] = weakref.WeakKeyDictionary()
+
+
+def sync_writer(sessions: async_sessionmaker[AsyncSession]) -> SyncWriter:
+    bind = sessions.kw.get("bind")
+    assert isinstance(bind, AsyncEngine), "a session factory bound to one engine"
+    writer = _writers.get(bind.sync_engine)
+    if writer is None:
+        url = bind.url.render_as_string(hide_password=False)
+        writer = _writers[bind.sync_engine] = SyncWriter(url)
+    return writer
+
+
+async def dispose(engine: AsyncEngine) -> None:
+    """Close the engine's pools: its own and its synchronous writer's."""
+    writer = _writers.pop(engine.sync_engine, None)
+    if writer is not None:
+        writer.dispose()
+    await engine.dispose()
 
 
 class GroupCommit:
     """Writes that queue up while one transaction is open commit together in the next.
 
-    The projection has one writer at a time (SQLite's lock; on PostgreSQL the event-log
-    lock), and under load a transaction's BEGIN, COMMIT and write turn cost as much as its
-    statements. A busy worker has hundreds of attempts waiting to write; here they share
-    transactions, up to `max_batch` writes or `max_hold_s` of holding the write lock, so that
-    another process (the API, submitting) never waits long for its turn. Each caller returns
-    once the commit that holds its write is done. If any write of a batch raises, the batch
-    is rolled back and its writes are run again one transaction each, so one failure reaches
-    only its own caller.
+    SQLite has one writer at a time, and under load a transaction's BEGIN, COMMIT and write
+    turn cost as much as its statements; on PostgreSQL a commit is a WAL flush. A busy worker
+    has hundreds of attempts waiting to write; here they share transactions, up to
+    `max_batch` writes or `max_hold_s` of holding the write lock, so that another process
+    (the API, submitting) never waits long for its turn. Each batch is one hop to a thread
+    running it on a synchronous connection (`SyncWriter.run`). Each caller returns once the
+    commit that holds its write is done. If any write of a batch raises, the batch is rolled
+    back and its writes are run again one transaction each, so one failure reaches only its
+    own caller.
     A write whose caller gave up (cancelled) before its turn is not run; once run, it may
     commit after its caller has left, so writes must be safe to repeat (the projector's are).
     """
@@ -206,7 +363,7 @@ class GroupCommit:
         max_batch: int = 64,
         max_hold_s: float = 0.025,
     ) -> None:
-        self.sessions = sessions
+        self.writer = sync_writer(sessions)
         self.max_batch = max_batch
         self.max_hold_s = max_hold_s
         self._queue: list[tuple[Write[Any], asyncio.Future[Any]]] = []
@@ -241,14 +398,10 @@ class GroupCommit:
     async def _together(self, batch: list[tuple[Write[Any], asyncio.Future[Any]]]) -> int | None:
         """Commit the batch's first writes in one transaction: how many, or None if one
         raised (and nothing was committed)."""
-        results: list[Any] = []
         try:
-            async with transaction(self.sessions) as session:
-                began = time.monotonic()
-                for write, _future in batch:
-                    results.append(await write(session))
-                    if time.monotonic() - began >= self.max_hold_s:
-                        break
+            results = await asyncio.to_thread(
+                self.writer.run, [write for write, _ in batch], self.max_hold_s
+            )
         except Exception:
             return None  # run them one by one: only the failing write's caller hears of it
         for (_write, future), result in zip(batch, results, strict=False):
@@ -260,11 +413,78 @@ class GroupCommit:
         if future.done():
             return
         try:
-            async with transaction(self.sessions) as session:
-                result = await write(session)
+            [result] = await asyncio.to_thread(self.writer.run, [write])
         except Exception as err:
             if not future.done():
                 future.set_exception(err)
             return
         if not future.done():
             future.set_result(result)
+
+
+class VisibleHorizon(FunctionElement[int]):
+    """Event ids below this are final: every transaction that could still add one below it
+    has ended. On PostgreSQL that is (the oldest transaction still in flight << 20), since an
+    event's id starts with its transaction's id (`EVENTS_PER_TRANSACTION`); SQLite commits
+    ids in order (one writer), so every committed id is final."""
+
+    type = BigInteger()
+    inherit_cache = True
+    name = "visible_horizon"
+
+
+@compiles(VisibleHorizon)
+def _horizon_anywhere(element: VisibleHorizon, compiler: Any, **kw: Any) -> str:
+    return str(2**63 - 1)
+
+
+@compiles(VisibleHorizon, "postgresql")
+def _horizon_postgresql(element: VisibleHorizon, compiler: Any, **kw: Any) -> str:
+    # pg_current_snapshot() is the statement's own snapshot: what it sees below the horizon
+    # is everything there will ever be below it.
+    return f"(pg_snapshot_xmin(pg_current_snapshot())::text::bigint * {EVENTS_PER_TRANSACTION})"
+
+
+class Prepared:
+    """A statement compiled once for a dialect and then run on the raw DBAPI cursor.
+
+    SQLAlchemy's per-execution work (cache key, execution context, result rows) costs ten
+    times what SQLite spends on a small UPDATE; the projector's hot statements skip it. The
+    columns' own type processors still convert every value both ways, so what is stored is
+    exactly what SQLAlchemy would store."""
+
+    def __init__(self, statement: Any, dialect: Any) -> None:
+        compiled = statement.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+        self.sql: str = compiled.string
+        # Literals of the statement (a rank's constant, the states of an IN list) keep the
+        # values they were compiled with; every other bind is given at each run.
+        self.defaults: dict[str, Any] = dict(compiled.params)
+        names = list(compiled.positiontup or [])
+        self.positional = names if dialect.paramstyle in ("qmark", "format", "numeric") else None
+        self.binds = {
+            name: bind.type._cached_bind_processor(dialect) for name, bind in compiled.binds.items()
+        }
+        self.returning = [
+            (column.key, column.type._cached_result_processor(dialect, None))
+            for column in getattr(statement, "_returning", ())
+        ]
+
+    def run(self, tx: WriteTx, params: dict[str, Any]) -> dict[str, Any] | None:
+        """Execute with `params` (bind names to values); the returned row as a dict, if any."""
+        values = {
+            name: (process(value) if (process := self.binds.get(name)) else value)
+            for name, value in (self.defaults | params).items()
+        }
+        bound: Any = values if self.positional is None else [values[n] for n in self.positional]
+        cursor = tx.conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(self.sql, bound)
+            row = cursor.fetchone() if self.returning else None
+        finally:
+            cursor.close()
+        if row is None:
+            return None
+        return {
+            key: (process(value) if process else value)
+            for (key, process), value in zip(self.returning, row, strict=True)
+        }

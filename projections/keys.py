@@ -1,13 +1,16 @@
-"""API keys: created once and shown once, stored only as a hash."""
+"""API keys: created once and shown once, stored only as a hash; listed, revoked, and
+verified on the request path through a short-lived cache."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
@@ -84,3 +87,56 @@ async def authenticate(sessions: async_sessionmaker[AsyncSession], token: str) -
         # Only member and admin keys exist; a row edited to claim more grants nothing.
         return None
     return Scope(key.org, key.user, key.role)
+
+
+async def list_keys(
+    sessions: async_sessionmaker[AsyncSession], org: str | None = None
+) -> list[ApiKey]:
+    """Every key (of `org`), oldest first, revoked ones included: an operator's view."""
+    stmt = select(ApiKey).order_by(ApiKey.created_at, ApiKey.key_id)
+    if org is not None:
+        stmt = stmt.where(ApiKey.org == org)
+    async with sessions() as session:
+        return list((await session.execute(stmt)).scalars())
+
+
+async def revoke_key(sessions: async_sessionmaker[AsyncSession], key_id: str) -> ApiKey | None:
+    """Revoke a key (again is a no-op that keeps the first date); None if there is no such
+    key. API processes stop accepting it within their cache's TTL (`KeyCache`)."""
+    async with transaction(sessions) as session:
+        await session.execute(
+            update(ApiKey)
+            .where(ApiKey.key_id == key_id, ApiKey.revoked_at.is_(None))
+            .values(revoked_at=utcnow())
+        )
+        return await session.get(ApiKey, key_id)
+
+
+class KeyCache:
+    """Keys verified in the last `ttl_s` seconds, so a request costs no key lookup.
+
+    Only successes are kept (a wrong token costs a lookup each time, and cannot fill the
+    cache), by the token's hash, at most `max_keys` of them, least recently used out first.
+    A revoked key therefore stops working within `ttl_s` in every API process."""
+
+    def __init__(self, ttl_s: float = 5.0, max_keys: int = 10_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._verified: OrderedDict[str, tuple[float, Scope]] = OrderedDict()
+
+    async def authenticate(
+        self, sessions: async_sessionmaker[AsyncSession], token: str
+    ) -> Scope | None:
+        digest = _hash(token)
+        now = time.monotonic()
+        hit = self._verified.get(digest)
+        if hit is not None and hit[0] > now:
+            self._verified.move_to_end(digest)
+            return hit[1]
+        self._verified.pop(digest, None)
+        scope = await authenticate(sessions, token)
+        if scope is not None and self.ttl_s > 0:
+            self._verified[digest] = (now + self.ttl_s, scope)
+            while len(self._verified) > self.max_keys:
+                self._verified.popitem(last=False)
+        return scope

@@ -115,6 +115,11 @@ def is_allowed(current: JobState, target: JobState, error_kind: ErrorKind | None
     return True
 
 
+def sources_of(target: JobState, error_kind: ErrorKind | None = None) -> tuple[JobState, ...]:
+    """The states a job may be in for `target` to apply: the projector's `state IN (...)`."""
+    return tuple(state for state in JobState if is_allowed(state, target, error_kind))
+
+
 def progress_rank(state: JobState, attempt: int) -> int:
     """Order of non-terminal transitions within a job, so a late or repeated one is a no-op.
 

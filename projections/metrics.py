@@ -9,12 +9,8 @@ shows everything; a separate worker process serves no HTTP (see docs/operators.m
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
-from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
 
 from projections.lifecycle import JobState
-from projections.models import Job
 
 SUBMISSIONS = Counter(
     "promptjobs_submissions", "Prompts accepted: a committed prompt and its first job", ["org"]
@@ -36,24 +32,17 @@ JOBS = Gauge(
     ["state"],
 )
 
-_PENDING = "promptjobs.pending_transitions"
+
+def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str]:
+    """The labels of one committed transition (an error kind only where the state has one)."""
+    kind = error_kind if state in (JobState.QUEUED, JobState.FAILED) else None
+    return state.value, kind or ""
 
 
-def transition_pending(session: AsyncSession, job: Job) -> None:
-    """Note a transition in this transaction; it is counted only if the transaction commits."""
-    kind = job.error_kind if job.state in (JobState.QUEUED, JobState.FAILED) else None
-    session.sync_session.info.setdefault(_PENDING, []).append((job.state.value, kind or ""))
-
-
-@event.listens_for(Session, "after_commit")
-def _count_committed(session: Session) -> None:
-    for state, kind in session.info.pop(_PENDING, []):
+def count_transitions(committed: list[tuple[str, str]]) -> None:
+    """Count transitions once their transaction has committed (a rolled-back one never is)."""
+    for state, kind in committed:
         TRANSITIONS.labels(state=state, error_kind=kind).inc()
-
-
-@event.listens_for(Session, "after_rollback")
-def _forget_rolled_back(session: Session) -> None:
-    session.info.pop(_PENDING, None)
 
 
 def record_queue_depth(counts: dict[JobState, int]) -> None:

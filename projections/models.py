@@ -195,6 +195,9 @@ class JobEvent(Base):
         Index("ix_job_events_job_id", "job_id", "id"),
         Index("ix_job_events_prompt_id", "prompt_id", "id"),
         one_of("state", JobState, "state"),
+        # Ids are cursors: never hand one out twice, even after the newest events are
+        # archived (migration 0004). PostgreSQL's come from the writing transaction.
+        {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections.db import transaction
 from projections.lifecycle import TERMINAL, JobState
 from projections.models import Job, JobEvent, Prompt, PromptParent, Response
-from projections.projector import lock_event_log
+from projections.projector import exclude_writers_of_prompts
 
 PERCENTILES = (50, 90, 99)
 
@@ -194,14 +194,14 @@ async def archive(
     sessions: async_sessionmaker[AsyncSession], *, before: datetime, dry_run: bool = False
 ) -> Archived:
     """Remove terminal jobs finished before `before` with their events; a prompt left with no
-    job goes too, with its responses. One transaction under the event-log lock, so a
+    job goes too, with its responses. One transaction that excludes user retries, so a
     concurrent retry cannot add a job to a prompt being removed."""
     old = and_(Job.state.in_(TERMINAL), Job.finished_at.is_not(None), Job.finished_at < before)
     old_jobs = select(Job.job_id).where(old)
     kept_prompts = select(Job.prompt_id).where(not_(old))
     gone_prompts = select(Job.prompt_id).where(old, Job.prompt_id.not_in(kept_prompts))
     async with transaction(sessions) as session:
-        await lock_event_log(session)
+        await exclude_writers_of_prompts(session)
         counts = Archived(
             jobs=await _count(session, select(Job.job_id).where(old)),
             events=await _count(session, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))),

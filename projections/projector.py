@@ -1,4 +1,9 @@
-"""The idempotent projector: applies job transitions to the job rows and appends job events."""
+"""The idempotent projector: applies job transitions to the job rows and appends job events.
+
+Every write here is a plain function of a `WriteTx` (projections/db.py): it runs on a
+synchronous connection inside the one thread hop of its transaction. A transition is one
+guarded `UPDATE jobs ... WHERE state IN (...) AND progress_rank < ...`, so the database
+itself refuses an illegal or stale transition, plus one `INSERT` into job_events."""
 
 from __future__ import annotations
 
@@ -7,24 +12,32 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections import metrics
-from projections.db import GroupCommit
+from projections.db import GroupCommit, Prepared, WriteTx
 from projections.lifecycle import (
     AttemptResult,
     ErrorKind,
     JobState,
-    is_allowed,
     lost_attempt_message,
     progress_rank,
+    sources_of,
 )
-from projections.models import Job, JobEvent, Response
-from projections.notifications import notify_event
+from projections.metrics import transition_labels
+from projections.models import Base, Job, JobEvent, Response
 from projections.rows import job_row
 
 STATE_CHANGED = "job.state_changed"
+JOBS = Base.metadata.tables[Job.__tablename__]
+EVENTS = Base.metadata.tables[JobEvent.__tablename__]
+RESPONSES = Base.metadata.tables[Response.__tablename__]
+
+# Taken shared by a user retry, exclusive by `jobs archive` (PostgreSQL), so an archive cannot
+# remove a prompt a retry is adding a job to. No other writer takes it.
+PROMPT_ARCHIVE_LOCK = 7215001
 
 
 def utcnow() -> datetime:
@@ -58,82 +71,143 @@ class Applied:
     event_ids: list[int] = field(default_factory=list)
 
 
-async def lock_event_log(session: AsyncSession) -> None:
-    """Serialise appends to job_events so ids commit in order: a cursor never skips an event.
-
-    SQLite already serialises writers (BEGIN IMMEDIATE). On PostgreSQL a sequence value taken
-    by one transaction can commit after a larger one; a transaction-scoped advisory lock makes
-    allocation and commit order the same.
-    """
-    if session.get_bind().dialect.name == "postgresql":
-        await session.execute(text("SELECT pg_advisory_xact_lock(7215001)"))
+def job_of(row: Row[Any]) -> Job:
+    """A detached Job holding a row's values (the caller's copy; no session tracks it)."""
+    return Job(**row._mapping)
 
 
-async def load_for_update(session: AsyncSession, job_id: str) -> Job | None:
-    await lock_event_log(session)
-    return (
-        await session.execute(select(Job).where(Job.job_id == job_id).with_for_update())
-    ).scalar_one_or_none()
-
-
-async def append_event(session: AsyncSession, job: Job, now: datetime) -> int:
-    job.updated_at = now
-    await session.flush()
-    event = JobEvent(
-        type=STATE_CHANGED,
-        job_id=job.job_id,
-        prompt_id=job.prompt_id,
-        org=job.org,
-        author=job.author,
-        state=job.state,
-        data=job_row(job),
-        created_at=now,
+def append_event(tx: WriteTx, job: Job, event_id: int, now: datetime) -> int:
+    """Log the row as it now stands; `event_id` is already the row's last_event_id."""
+    statement = prepared(tx, ("append_event",), lambda: insert(EVENTS))
+    statement.run(
+        tx,
+        {
+            "id": event_id,
+            "type": STATE_CHANGED,
+            "job_id": job.job_id,
+            "prompt_id": job.prompt_id,
+            "org": job.org,
+            "author": job.author,
+            "state": job.state,
+            "data": job_row(job),
+            "created_at": now,
+        },
     )
-    session.add(event)
-    await session.flush()
-    job.last_event_id = event.id
-    metrics.transition_pending(session, job)
-    # Sent at commit, to API processes that wake their SSE streams on it (PostgreSQL only).
-    await notify_event(session, event.id)
-    return event.id
+    tx.used_event_id(event_id)
+    tx.committed_transitions.append(transition_labels(job.state, job.error_kind))
+    return event_id
 
 
-def _accepts(job: Job, t: Transition) -> bool:
-    if not is_allowed(job.state, t.target, t.error_kind):
-        return False
-    if t.require_current_attempt and t.attempt != job.attempt:
-        return False
-    if t.target.is_terminal:
-        return True
-    attempt = job.attempt if t.attempt is None else t.attempt
-    return progress_rank(t.target, attempt) > job.progress_rank
-
-
-def _apply(job: Job, t: Transition, now: datetime) -> None:
-    job.state = t.target
-    if t.attempt is not None:
-        job.attempt = t.attempt
+def _guard(t: Transition) -> list[ColumnElement[bool]]:
+    """The WHERE clause that makes the database refuse an illegal or stale transition."""
+    where = [
+        JOBS.c.job_id == bindparam("g_job_id", None),
+        JOBS.c.state.in_(sources_of(t.target, t.error_kind)),
+    ]
+    if t.require_current_attempt:
+        where.append(JOBS.c.attempt == bindparam("g_attempt", None, type_=Integer()))
     if not t.target.is_terminal:
-        job.progress_rank = progress_rank(t.target, job.attempt)
+        where.append(JOBS.c.progress_rank < _rank(t))
+    return where
+
+
+def _rank(t: Transition) -> Any:
+    if t.attempt is not None:
+        return bindparam("g_rank", None, type_=Integer())
+    # The row's own attempt: a rank is linear in the attempt (2n, 2n + 1).
+    return progress_rank(t.target, 0) + 2 * JOBS.c.attempt
+
+
+def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
+    """The SET clause's values: the row after `t`, in the same statement as its guard."""
+    values: dict[str, Any] = {"state": t.target, "updated_at": now, "last_event_id": event_id}
+    if t.attempt is not None:
+        values["attempt"] = t.attempt
     if t.target is JobState.RUNNING:
-        job.worker = t.worker
-        job.next_attempt_at = None
-        job.started_at = job.started_at or now
-        job.attempt_started_at = now
+        values.update(worker=t.worker, next_attempt_at=None, attempt_started_at=now)
     elif t.target is JobState.QUEUED:
-        job.next_attempt_at = t.next_attempt_at
+        values["next_attempt_at"] = t.next_attempt_at
     if t.error_kind is not None:
-        job.error_kind = t.error_kind
-        job.error_message = t.error_message
+        values.update(error_kind=t.error_kind, error_message=t.error_message)
     if t.target is JobState.SUCCEEDED:
-        job.response_id = t.response_id
-        job.error_kind = None
-        job.error_message = None
+        values.update(response_id=t.response_id, error_kind=None, error_message=None)
     if t.target is JobState.SUPERSEDED:
-        job.superseded_by = t.superseded_by
+        values["superseded_by"] = t.superseded_by
     elif t.target.is_terminal:
-        job.next_attempt_at = None
-        job.finished_at = now
+        values.update(next_attempt_at=None, finished_at=now)
+    return values
+
+
+def _transition_statement(t: Transition) -> Any:
+    """UPDATE jobs SET ... WHERE <guard> RETURNING *, for every transition of `t`'s shape."""
+    values: dict[str, Any] = {
+        column: bindparam(f"v_{column}", None, type_=JOBS.c[column].type)
+        for column in _changes(t, 0, utcnow())
+    }
+    if not t.target.is_terminal:
+        values["progress_rank"] = _rank(t)
+    if t.target is JobState.RUNNING:
+        values["started_at"] = func.coalesce(
+            JOBS.c.started_at, bindparam("v_updated_at", None, type_=JOBS.c.updated_at.type)
+        )
+    return update(JOBS).where(*_guard(t)).values(values).returning(*JOBS.c)
+
+
+def _shape(t: Transition) -> tuple[Any, ...]:
+    return (
+        t.target,
+        t.attempt is None,
+        t.require_current_attempt,
+        t.error_kind is not None,
+        sources_of(t.target, t.error_kind),
+    )
+
+
+_prepared: dict[tuple[Any, ...], Prepared] = {}
+
+
+def prepared(tx: WriteTx, key: tuple[Any, ...], build: Callable[[], Any]) -> Prepared:
+    """The statement `build` makes, compiled once per dialect and `key`."""
+    full = (tx.conn.dialect.name, *key)
+    found = _prepared.get(full)
+    if found is None:
+        found = _prepared[full] = Prepared(build(), tx.conn.dialect)
+    return found
+
+
+def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
+    """Apply `t` if the row allows it: the row as it now stands, or None if refused."""
+    event_id = tx.next_event_id()
+    statement = prepared(tx, ("transition", *_shape(t)), lambda: _transition_statement(t))
+    params = {f"v_{column}": value for column, value in _changes(t, event_id, now).items()}
+    params["g_job_id"] = t.job_id
+    if t.require_current_attempt:
+        params["g_attempt"] = t.attempt
+    if t.attempt is not None and not t.target.is_terminal:
+        params["g_rank"] = progress_rank(t.target, t.attempt)
+    row = statement.run(tx, params)
+    if row is None:
+        return None
+    job = Job(**row)
+    append_event(tx, job, event_id, now)
+    return job
+
+
+def current(tx: WriteTx, job_id: str, *, for_update: bool = False) -> Job | None:
+    stmt = select(JOBS).where(JOBS.c.job_id == job_id)
+    row = tx.execute(stmt.with_for_update() if for_update else stmt).first()
+    return job_of(row) if row is not None else None
+
+
+def _refused(tx: WriteTx, job_id: str) -> Applied:
+    job = current(tx, job_id)
+    if job is None:
+        raise LookupError(f"no job {job_id}")
+    return Applied(False, job.state, job.attempt)
+
+
+def _applied(job: Job) -> Applied:
+    return Applied(True, job.state, job.attempt, [job.last_event_id])
 
 
 class Projector:
@@ -155,11 +229,9 @@ class Projector:
         return result
 
     async def apply(self, t: Transition) -> Applied:
-        async def write(session: AsyncSession) -> Applied:
-            job = await load_for_update(session, t.job_id)
-            if job is None:
-                raise LookupError(f"no job {t.job_id}")
-            return await apply_in(session, job, t)
+        def write(tx: WriteTx) -> Applied:
+            job = transition(tx, t, utcnow())
+            return _applied(job) if job is not None else _refused(tx, t.job_id)
 
         return self._committed(await self.writes.run(write))
 
@@ -167,28 +239,32 @@ class Projector:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
         worker_crash before starting this one."""
+        running = Transition(job_id, JobState.RUNNING, attempt, worker=worker)
 
-        async def write(session: AsyncSession) -> Applied:
-            job = await load_for_update(session, job_id)
-            now = utcnow()  # under the lock: timestamps follow event order
-            if job is None:
+        def write(tx: WriteTx) -> Applied:
+            now = utcnow()
+            job = transition(tx, running, now)
+            if job is not None:
+                return _applied(job)
+            seen = current(tx, job_id)
+            if seen is None:
                 raise LookupError(f"no job {job_id}")
-            events: list[int] = []
-            if job.state is JobState.RUNNING and job.attempt < attempt:
-                crashed = Transition(
-                    job_id,
-                    JobState.QUEUED,
-                    attempt=job.attempt,
-                    error_kind=ErrorKind.WORKER_CRASH,
-                    error_message=lost_attempt_message(job.attempt, job.worker),
-                    next_attempt_at=now,
-                )
-                events += (await apply_in(session, job, crashed, now)).event_ids
-            result = await apply_in(
-                session, job, Transition(job_id, JobState.RUNNING, attempt, worker=worker), now
+            if not (seen.state is JobState.RUNNING and seen.attempt < attempt):
+                return Applied(False, seen.state, seen.attempt)
+            crashed = Transition(
+                job_id,
+                JobState.QUEUED,
+                attempt=seen.attempt,
+                error_kind=ErrorKind.WORKER_CRASH,
+                error_message=lost_attempt_message(seen.attempt, seen.worker),
+                next_attempt_at=now,
             )
-            result.event_ids = events + result.event_ids
-            return result
+            lost = transition(tx, crashed, now)
+            job = transition(tx, running, now)
+            events = [j.last_event_id for j in (lost, job) if j is not None]
+            if job is None:
+                return Applied(False, *_state_of(tx, job_id), events)
+            return Applied(True, job.state, job.attempt, events)
 
         return self._committed(await self.writes.run(write))
 
@@ -197,40 +273,37 @@ class Projector:
     ) -> Applied:
         """Persist the response and settle the job, only if this attempt is still the job's.
         A response for a cancelled job, or from an attempt presumed dead, is discarded."""
+        settled = Transition(
+            job_id, JobState.SUCCEEDED, attempt, response_id=response_id,
+            require_current_attempt=True,
+        )  # fmt: skip
 
-        async def write(session: AsyncSession) -> Applied:
-            job = await load_for_update(session, job_id)
-            now = utcnow()  # under the lock: timestamps follow event order
+        def write(tx: WriteTx) -> Applied:
+            now = utcnow()
+            job = transition(tx, settled, now)
             if job is None:
-                raise LookupError(f"no job {job_id}")
-            if job.state is JobState.SUCCEEDED and job.response_id == response_id:
-                return Applied(False, job.state, job.attempt)
-            t = Transition(
-                job_id,
-                JobState.SUCCEEDED,
-                attempt,
-                response_id=response_id,
-                require_current_attempt=True,
-            )
-            if not _accepts(job, t):
-                return Applied(False, job.state, job.attempt)
-            existing = await session.get(Response, response_id)
-            if existing is None:
-                session.add(
-                    Response(
-                        response_id=response_id,
-                        job_id=job.job_id,
-                        prompt_id=job.prompt_id,
-                        org=job.org,
-                        author=job.author,
-                        attempt=attempt,
-                        created_at=now,
-                        **response_columns(response),
-                    )
-                )
-            return await apply_in(session, job, t, now)
+                return _refused(tx, job_id)
+            values = {
+                "response_id": response_id,
+                "job_id": job.job_id,
+                "prompt_id": job.prompt_id,
+                "org": job.org,
+                "author": job.author,
+                "attempt": attempt,
+                "created_at": now,
+                **response_columns(response),
+            }
+            dialect_insert = pg_insert if tx.postgresql else sqlite_insert
+            tx.execute(dialect_insert(RESPONSES).values(values).on_conflict_do_nothing())
+            return _applied(job)
 
         return self._committed(await self.writes.run(write))
+
+
+def _state_of(tx: WriteTx, job_id: str) -> tuple[JobState, int]:
+    job = current(tx, job_id)
+    assert job is not None, job_id
+    return job.state, job.attempt
 
 
 def response_columns(result: AttemptResult) -> dict[str, Any]:
@@ -238,13 +311,15 @@ def response_columns(result: AttemptResult) -> dict[str, Any]:
     return {f.name: getattr(result, f.name) for f in fields(AttemptResult)}
 
 
-async def apply_in(
-    session: AsyncSession, job: Job, t: Transition, now: datetime | None = None
-) -> Applied:
-    """Apply `t` to a row already locked in `session`; the caller's transaction commits it."""
-    now = now or utcnow()
-    if not _accepts(job, t):
-        return Applied(False, job.state, job.attempt)
-    _apply(job, t, now)
-    event_id = await append_event(session, job, now)
-    return Applied(True, job.state, job.attempt, [event_id])
+def share_prompts_with_archive(tx: WriteTx) -> None:
+    """See `PROMPT_ARCHIVE_LOCK`."""
+    if tx.postgresql:
+        tx.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"), {"key": PROMPT_ARCHIVE_LOCK})
+
+
+async def exclude_writers_of_prompts(session: AsyncSession) -> None:
+    """Archive's side of `PROMPT_ARCHIVE_LOCK` (SQLite's write lock already excludes all)."""
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(:key)"), {"key": PROMPT_ARCHIVE_LOCK}
+        )

@@ -9,6 +9,7 @@ from typing import Any, cast
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections.db import VisibleHorizon
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, Prompt, PromptParent, Response
 from projections.scope import Scope, get_visible, scoped
@@ -34,11 +35,13 @@ class JobReads:
     ) -> Page:
         """The caller's jobs whose last change is after `since`, in change order.
 
-        The log's newest id is read first. Event ids commit in order (see `lock_event_log`),
-        so the query that follows sees every change up to that id; a page shorter than
-        `limit` therefore holds every job changed after `since`, and the cursor may move to
-        that id (or the page's last change, if later) even when no job of the caller's
-        changed or none matched `state`. An empty page means: caught up."""
+        The log's newest final id (below `VisibleHorizon`: no transaction still in flight
+        can add an event below it) is read first, so the query that follows sees every
+        change up to that id; a page shorter than `limit` therefore holds every job changed
+        after `since`, and the cursor may move to that id (or the page's last change, if
+        later) even when no job of the caller's changed or none matched `state`. A job whose
+        last change is not final yet waits for the next page. An empty page means: caught
+        up."""
         async with self.sessions() as session:
             newest = await self._newest_event_id(session)
             stmt = changed_since_query(scope, since, limit, state)
@@ -65,10 +68,14 @@ class JobReads:
 
     async def events_after(self, after: int, limit: int) -> list[JobEvent]:
         """Every org's events after `after`, in log order: what an API process's one reader
-        tails (api/changes.py). The one place that knows when an id is safe to read past:
-        today ids commit in order (`lock_event_log`), so whatever this returns has no
-        smaller id still to come; a different ordering scheme changes this method only."""
-        stmt = select(JobEvent).where(JobEvent.id > after).order_by(JobEvent.id).limit(limit)
+        tails (api/changes.py). Only final events (`VisibleHorizon`: below every transaction
+        still in flight), so whatever this returns has no smaller id still to come."""
+        stmt = (
+            select(JobEvent)
+            .where(JobEvent.id > after, JobEvent.id < VisibleHorizon())
+            .order_by(JobEvent.id)
+            .limit(limit)
+        )
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 
@@ -84,7 +91,8 @@ class JobReads:
 
     @staticmethod
     async def _newest_event_id(session: AsyncSession) -> int:
-        return int((await session.execute(select(func.max(JobEvent.id)))).scalar() or 0)
+        newest = select(func.max(JobEvent.id)).where(JobEvent.id < VisibleHorizon())
+        return int((await session.execute(newest)).scalar() or 0)
 
     async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
         async with self.sessions() as session:
@@ -158,7 +166,9 @@ def changed_since_query(
     scope: Scope, since: int, limit: int, state: JobState | None = None
 ) -> Select[Any]:
     """Served by ix_jobs_org[_author][_state]_last_event: an index range scan, no sort."""
-    stmt = scoped(select(Job), Job, scope).where(Job.last_event_id > since)
+    stmt = scoped(select(Job), Job, scope).where(
+        Job.last_event_id > since, Job.last_event_id < VisibleHorizon()
+    )
     if state is not None:
         stmt = stmt.where(Job.state == state)
     return stmt.order_by(Job.last_event_id).limit(limit)
@@ -171,8 +181,11 @@ def events_query(
     job_id: str | None = None,
     prompt_id: str | None = None,
 ) -> Select[Any]:
-    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index."""
-    stmt = scoped(select(JobEvent), JobEvent, scope).where(JobEvent.id > since)
+    """Served by ix_job_events_org[_author]_id, or the job's or prompt's own index. Only final
+    events (`VisibleHorizon`): a cursor past them never skips one committed later."""
+    stmt = scoped(select(JobEvent), JobEvent, scope).where(
+        JobEvent.id > since, JobEvent.id < VisibleHorizon()
+    )
     if job_id is not None:
         stmt = stmt.where(JobEvent.job_id == job_id)
     if prompt_id is not None:

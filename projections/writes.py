@@ -1,6 +1,7 @@
 """The job store's writes from the API and CLI: accept a submission, a user retry, a cancel
-request, and the dispatcher's marks. Each is one transaction; the projector's transitions
-(projections/projector.py) are the only other writer."""
+request, and the dispatcher's marks. Each is one transaction, run like the projector's
+transitions (projections/projector.py, the only other writer): a plain function of a
+`WriteTx`, batched with its neighbours by the process's GroupCommit."""
 
 from __future__ import annotations
 
@@ -10,22 +11,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import transaction
+from projections.db import WriteTx
 from projections.errors import IdempotencyConflict, InvalidState, NotFound
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
-from projections.models import Job, Prompt, PromptParent, job_options
+from projections.models import Base, Job, Prompt, PromptParent, job_options
 from projections.projector import (
+    JOBS,
     Projector,
     Transition,
     append_event,
-    apply_in,
-    load_for_update,
-    lock_event_log,
+    current,
+    share_prompts_with_archive,
+    transition,
     utcnow,
 )
 from projections.scope import Scope, plausible, visible
@@ -75,6 +77,10 @@ class Submitted:
     created: bool  # False when an Idempotency-Key replay returned the original
 
 
+PROMPTS = Base.metadata.tables[Prompt.__tablename__]
+PROMPT_PARENTS = Base.metadata.tables[PromptParent.__tablename__]
+
+
 class JobWrites:
     sessions: async_sessionmaker[AsyncSession]
     projector: Projector
@@ -87,36 +93,38 @@ class JobWrites:
             if replay is not None:
                 return replay
 
-        async def write(session: AsyncSession) -> Submitted:
-            await lock_event_log(session)
-            now = utcnow()  # under the lock: timestamps follow event order
-            await self._check_parents(session, scope, submission.after)
-            prompt = Prompt(
-                prompt_id=new_prompt_id(),
-                org=scope.org,
-                author=scope.user,
-                text=submission.text,
-                options=submission.options,
-                parent_id=submission.parent_id,
-                correlation_id=submission.correlation_id,
-                after=list(submission.after) or None,
-                idempotency_key=submission.idempotency_key,
-                request_hash=fingerprint,
-                created_at=now,
-            )
-            session.add(prompt)
-            await session.flush()
+        def write(tx: WriteTx) -> Submitted:
+            now = utcnow()
+            self._check_parents(tx, scope, submission.after)
+            prompt = {
+                "prompt_id": new_prompt_id(),
+                "org": scope.org,
+                "author": scope.user,
+                "text": submission.text,
+                "options": submission.options,
+                "parent_id": submission.parent_id,
+                "correlation_id": submission.correlation_id,
+                "after": list(submission.after) or None,
+                "idempotency_key": submission.idempotency_key,
+                "request_hash": fingerprint,
+                "created_at": now,
+            }
+            tx.execute(insert(PROMPTS), prompt)
             for position, parent_id in enumerate(submission.after):
-                session.add(
-                    PromptParent(prompt_id=prompt.prompt_id, position=position, parent_id=parent_id)
+                tx.execute(
+                    insert(PROMPT_PARENTS),
+                    {
+                        "prompt_id": prompt["prompt_id"],
+                        "position": position,
+                        "parent_id": parent_id,
+                    },
                 )
             job = self._new_job(
-                prompt, submission.priority, submission.max_attempts, submission.options, now
+                tx, prompt, submission.priority, submission.max_attempts, submission.options, now
             )
             job.scheduled_for = submission.scheduled_for
-            session.add(job)
-            await append_event(session, job, now)
-            return Submitted(prompt, job, created=True)
+            self._insert_job(tx, job, now)
+            return Submitted(Prompt(**prompt), job, created=True)
 
         try:
             # Concurrent submits share a transaction (GroupCommit); each returns after its commit.
@@ -133,13 +141,17 @@ class JobWrites:
         return accepted
 
     @staticmethod
-    async def _check_parents(session: AsyncSession, scope: Scope, after: tuple[str, ...]) -> None:
+    def _check_parents(tx: WriteTx, scope: Scope, after: tuple[str, ...]) -> None:
         """Every parent exists and the caller may see it (else the same 404 as any unseen id);
         a parent must exist first, so a chain can have no cycle."""
         if not after:
             return
-        found = await session.execute(select(Prompt).where(Prompt.prompt_id.in_(after)))
-        seen = {p.prompt_id: p for p in found.scalars()}
+        found = tx.execute(
+            select(PROMPTS.c.prompt_id, PROMPTS.c.org, PROMPTS.c.author).where(
+                PROMPTS.c.prompt_id.in_(after)
+            )
+        )
+        seen = {row.prompt_id: Prompt(**row._mapping) for row in found}
         for parent_id in after:
             parent = seen.get(parent_id)
             if parent is None or not visible(parent, scope):
@@ -173,7 +185,8 @@ class JobWrites:
 
     @staticmethod
     def _new_job(
-        prompt: Prompt,
+        tx: WriteTx,
+        prompt: dict[str, Any],
         priority: int,
         max_attempts: int,
         options: dict[str, Any],
@@ -181,20 +194,26 @@ class JobWrites:
     ) -> Job:
         return Job(
             job_id=new_job_id(),
-            prompt_id=prompt.prompt_id,
-            org=prompt.org,
-            author=prompt.author,
+            prompt_id=prompt["prompt_id"],
+            org=prompt["org"],
+            author=prompt["author"],
             state=JobState.QUEUED,
             priority=priority,
             attempt=0,
             max_attempts=max_attempts,
             options=options,
             # A chain's child waits on all its parents until its workflow has checked them.
-            waiting_on=list(prompt.after) if prompt.after else None,
+            waiting_on=list(prompt["after"]) if prompt.get("after") else None,
             progress_rank=1,
+            last_event_id=tx.next_event_id(),
             created_at=now,
             updated_at=now,
         )
+
+    @staticmethod
+    def _insert_job(tx: WriteTx, job: Job, now: datetime) -> None:
+        tx.execute(insert(JOBS), {c.key: getattr(job, c.key) for c in JOBS.c})
+        append_event(tx, job, job.last_event_id, now)
 
     async def retry(self, scope: Scope, job_id: str, changes: RetryChanges | None = None) -> Job:
         """A user retry: a new queued job for the same prompt that supersedes `job_id`, with
@@ -202,29 +221,34 @@ class JobWrites:
         changes = changes or RetryChanges()
         if not plausible(job_id):
             raise NotFound("job", job_id)
-        async with transaction(self.sessions) as session:
-            old = await load_for_update(session, job_id)
-            now = utcnow()  # under the lock: timestamps follow event order
+
+        def write(tx: WriteTx) -> Job:
+            share_prompts_with_archive(tx)
+            old = current(tx, job_id, for_update=True)
+            now = utcnow()
             if old is None or not visible(old, scope):
                 raise NotFound("job", job_id)
             if not old.state.is_retryable_by_user():
                 raise InvalidState(old.job_id, old.state, "retry")
-            prompt = await session.get(Prompt, old.prompt_id)
-            assert prompt is not None
+            row = tx.execute(select(PROMPTS).where(PROMPTS.c.prompt_id == old.prompt_id)).first()
+            assert row is not None
+            prompt = dict(row._mapping)
             new = self._new_job(
+                tx,
                 prompt,
                 old.priority if changes.priority is None else changes.priority,
                 old.max_attempts if changes.max_attempts is None else changes.max_attempts,
-                job_options(old, prompt) if changes.options is None else changes.options,
+                job_options(old, Prompt(**prompt)) if changes.options is None else changes.options,
                 now,
             )
             new.supersedes = old.job_id
-            session.add(new)
-            await append_event(session, new, now)
+            self._insert_job(tx, new, now)
             superseded = Transition(old.job_id, JobState.SUPERSEDED, superseded_by=new.job_id)
-            result = await apply_in(session, old, superseded, now)
-            if not result.applied:
+            if transition(tx, superseded, now) is None:
                 raise InvalidState(old.job_id, old.state, "retry")
+            return new
+
+        new = await self.projector.writes.run(write)
         self._notify()
         return new
 
@@ -233,46 +257,49 @@ class JobWrites:
         now (nothing else could); otherwise the workflow decides, and the flag says so."""
         if not plausible(job_id):
             raise NotFound("job", job_id)
-        async with transaction(self.sessions) as session:
-            job = await load_for_update(session, job_id)
-            now = utcnow()  # under the lock: timestamps follow event order
+
+        def write(tx: WriteTx) -> tuple[Job, bool]:
+            job = current(tx, job_id, for_update=True)
+            now = utcnow()
             if job is None or not visible(job, scope):
                 raise NotFound("job", job_id)
             if not job.state.is_cancelable():
                 raise InvalidState(job.job_id, job.state, "cancel")
+            tx.execute(
+                update(JOBS)
+                .where(JOBS.c.job_id == job_id)
+                .values(cancel_requested_at=func.coalesce(JOBS.c.cancel_requested_at, now))
+            )
             job.cancel_requested_at = job.cancel_requested_at or now
-            if job.dispatched_at is None:
-                await apply_in(session, job, Transition(job_id, JobState.CANCELLED), now)
-                needs_workflow = False
-            else:
-                needs_workflow = True
+            if job.dispatched_at is not None:
+                return job, True
+            cancelled = transition(tx, Transition(job_id, JobState.CANCELLED), now)
+            return cancelled or job, False
+
+        job, needs_workflow = await self.projector.writes.run(write)
         self._notify()
         return job, needs_workflow
 
     async def mark_dispatched(self, job_id: str) -> None:
         """Note that the job's workflow is started. A burst of starts shares transactions
         (GroupCommit) with each other and with the submits."""
-
-        async def write(session: AsyncSession) -> None:
-            await session.execute(
-                update(Job)
-                .where(Job.job_id == job_id, Job.dispatched_at.is_(None))
-                .values(dispatched_at=utcnow())
-            )
-
-        await self.projector.writes.run(write)
+        await self._set(job_id, dispatched_at=utcnow(), only_if_unset="dispatched_at")
 
     async def mark_undispatched(self, job_id: str) -> None:
-        async with transaction(self.sessions) as session:
-            await session.execute(
-                update(Job).where(Job.job_id == job_id).values(dispatched_at=None)
-            )
+        await self._set(job_id, dispatched_at=None)
 
     async def cancel_delivered(self, job_id: str) -> None:
-        async with transaction(self.sessions) as session:
-            await session.execute(
-                update(Job).where(Job.job_id == job_id).values(cancel_requested_at=None)
-            )
+        await self._set(job_id, cancel_requested_at=None)
+
+    async def _set(self, job_id: str, only_if_unset: str | None = None, **values: Any) -> None:
+        where = [JOBS.c.job_id == job_id]
+        if only_if_unset is not None:
+            where.append(JOBS.c[only_if_unset].is_(None))
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(update(JOBS).where(*where).values(values))
+
+        await self.projector.writes.run(write)
 
     def _notify(self) -> None:
         if self.projector.on_commit is not None:

@@ -166,6 +166,63 @@ def keys_create(
         typer.echo(f"{issued.secret}\n(org {org}, user {user}, role {role}; shown once, keep it)")
 
 
+@keys_app.command("list")
+def keys_list(
+    org: Annotated[str | None, typer.Option(help="Only this organisation's keys")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
+) -> None:
+    """List API keys (never their secrets), revoked ones too, oldest first."""
+    from projections.keys import list_keys
+    from promptjobs.console import console, emit_json, table
+    from promptjobs.runtime import open_projection
+
+    async def fetch() -> Any:
+        async with open_projection(Settings()) as projection:
+            return await list_keys(projection.sessions, org)
+
+    keys = run(fetch())
+    rows = [
+        {
+            "key_id": key.key_id,
+            "org": key.org,
+            "user": key.user,
+            "role": key.role,
+            "created_at": key.created_at,
+            "revoked_at": key.revoked_at,
+        }
+        for key in keys
+    ]
+    if as_json:
+        emit_json(rows)
+    else:
+        columns = ("key_id", "org", "user", "role", "created_at", "revoked_at")
+        cells = ([row[column] for column in columns] for row in rows)
+        console().print(table(f"{len(rows)} keys", columns, cells))
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (`keys list`, or `pj_<id>_...`)")],
+) -> None:
+    """Revoke an API key. Every API process refuses it within `api_key_cache_ttl_s`."""
+    from projections.keys import revoke_key
+    from promptjobs.runtime import open_projection
+
+    settings = Settings()
+
+    async def revoke() -> Any:
+        async with open_projection(settings) as projection:
+            return await revoke_key(projection.sessions, key_id)
+
+    key = run(revoke())
+    if key is None:
+        raise CliError(f"no API key {key_id}")
+    typer.echo(
+        f"revoked {key.key_id} (org {key.org}, user {key.user});"
+        f" API processes refuse it within {settings.api_key_cache_ttl_s:g} s"
+    )
+
+
 @history_app.command("export")
 def history_export(
     job_id: Annotated[str, typer.Argument(help="The job (= workflow) id")],

@@ -27,8 +27,8 @@ from activities.job_activities import JobActivities
 from api.app import create_app
 from api.changes import ChangeFeed
 from api.deps import Services
-from projections.db import create_engine, migrate, session_factory
-from projections.keys import live_key_ids
+from projections.db import create_engine, dispose, migrate, session_factory
+from projections.keys import KeyCache, live_key_ids
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
@@ -79,7 +79,7 @@ async def open_projection(
         if listener is not None:
             listener.cancel()
             await asyncio.gather(listener, return_exceptions=True)
-        await engine.dispose()
+        await dispose(engine)
 
 
 def build_adapters(settings: Settings) -> AdapterRegistry:
@@ -204,6 +204,7 @@ def build_app(
             max_prompt_bytes=settings.max_prompt_bytes,
             sse_keepalive_s=settings.sse_keepalive_s,
             sse_max_lifetime_s=settings.sse_max_lifetime_s,
+            keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),
         )
     )
 

@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     """How often the reconciler compares unsettled rows with their workflows."""
     reconciler_grace_s: float = 60.0
     """How long a row may go unchanged before the reconciler looks at its workflow."""
+    api_key_cache_ttl_s: float = Field(default=5.0, ge=0)
+    """How long an API process trusts an API key it has verified before it looks the key up
+    again: a revoked key (`promptjobs keys revoke`) stops working within this time. 0 looks
+    the key up on every request."""
     sse_poll_interval_s: float = 0.02
     """The one reader of the event log per API process looks for new events this often
     while streams are open, to notice commits of other processes (SQLite; a safety net on

@@ -125,3 +125,45 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path) -> N
                 process.kill()
                 await process.wait()
     assert process.returncode == 0
+
+
+async def test_a_revoked_key_stops_working_on_every_route_within_the_cache_ttl(
+    stack: Stack,
+) -> None:
+    url = stack.settings.projection_url
+    secret = await stack.key("initech", "milton")
+    key_id = secret.split("_")[1]
+    async with stack.as_user(secret) as milton:
+        accepted = await milton.post("/v1/prompts", json={"prompt": "stapler"})
+        assert accepted.status_code == 202, accepted.text
+        job_id = accepted.json()["job_id"]
+        assert (await milton.get(f"/v1/jobs/{job_id}")).status_code == 200  # verified, cached
+
+        revoked = await asyncio.to_thread(promptjobs, "keys", "revoke", key_id, database_url=url)
+        assert revoked.returncode == 0, revoked.stderr
+        listed = await asyncio.to_thread(
+            promptjobs, "keys", "list", "--org", "initech", "--json", database_url=url
+        )
+        [row] = json.loads(listed.stdout)
+        assert row["key_id"] == key_id and row["revoked_at"] is not None
+
+        ttl = stack.settings.api_key_cache_ttl_s
+        refused = await eventually(
+            lambda: milton.get(f"/v1/jobs/{job_id}"),
+            lambda r: r.status_code == 401,
+            timeout=ttl + 5,
+        )
+        assert refused.json()["type"].endswith("invalid_api_key")
+        for answer in (
+            await milton.post("/v1/prompts", json={"prompt": "again"}),
+            await milton.get("/v1/jobs", params={"since": "0"}),
+            await milton.post(f"/v1/jobs/{job_id}/cancel"),
+        ):
+            assert answer.status_code == 401, answer.text
+
+
+def test_revoking_an_unknown_key_says_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    answer = promptjobs("keys", "revoke", "0123456789ab", database_url=url)
+    assert answer.returncode == 1
+    assert "no API key 0123456789ab" in answer.stderr

@@ -53,14 +53,14 @@ def test_upgrade_downgrade_upgrade_round_trips(empty_database_url: str) -> None:
     command.check(config)
 
 
-@pytest.mark.postgres
-async def test_processes_starting_together_migrate_once(fresh_pg_database: str) -> None:
-    """`docker compose up --scale worker=4`: every process migrates at start, all at once.
+async def test_processes_starting_together_migrate_once(empty_database_url: str) -> None:
+    """`docker compose up --scale worker=4`, or `promptjobs api` and `promptjobs worker`
+    started together on a new SQLite file: every process migrates at start, all at once.
     (Processes, not threads: Alembic keeps its context in module globals.)"""
     script = "import sys; from projections.db import migrate; migrate(sys.argv[1])"
     procs = [
         await asyncio.create_subprocess_exec(
-            sys.executable, "-c", script, fresh_pg_database, stderr=asyncio.subprocess.PIPE
+            sys.executable, "-c", script, empty_database_url, stderr=asyncio.subprocess.PIPE
         )
         for _ in range(4)
     ]
@@ -72,5 +72,31 @@ async def test_processes_starting_together_migrate_once(fresh_pg_database: str) 
                 proc.kill()
                 await proc.wait()
     assert [proc.returncode for proc in procs] == [0] * 4, [err.decode() for _, err in results]
-    assert tables(fresh_pg_database) == set(Base.metadata.tables)
-    command.check(alembic_config(fresh_pg_database))
+    assert tables(empty_database_url) == set(Base.metadata.tables)
+    command.check(alembic_config(empty_database_url))
+
+
+async def test_event_ids_are_never_reused_after_the_newest_events_are_archived(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A client holding cursor N must see the next event: ids only ever grow (issue 22.5)."""
+    from datetime import UTC, datetime, timedelta
+
+    from projections.lifecycle import JobState
+    from projections.operations import archive
+    from projections.projector import Transition
+    from projections.scope import Scope
+    from projections.writes import Submission
+    from promptjobs.runtime import open_projection
+    from tests.conftest import make_settings
+
+    alice = Scope("acme", "alice", "member")
+    async with open_projection(make_settings(tmp_path, database_url=database_url)) as projection:
+        store = projection.store
+        job = (await store.submit(alice, Submission("old", 50, 3, {}))).job
+        await projection.projector.apply(Transition(job.job_id, JobState.CANCELLED))
+        cursor = await store.latest_event_id()
+        archived = await archive(projection.sessions, before=datetime.now(UTC) + timedelta(1))
+        assert archived.events >= 2 and await store.latest_event_id() < cursor
+        fresh = (await store.submit(alice, Submission("new", 50, 3, {}))).job
+        assert [e.job_id for e in await store.events_since(alice, cursor, 10)] == [fresh.job_id]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from projections.db import GroupCommit
+from projections.db import GroupCommit, WriteTx
 from projections.lifecycle import JobState
 from projections.projector import Transition
 from projections.scope import Scope
@@ -23,9 +23,9 @@ async def test_concurrent_submits_share_commits_and_all_land(projection: Project
     run = writes.run
 
     async def counting(write):  # type: ignore[no-untyped-def]
-        async def wrapped(session: AsyncSession):  # type: ignore[no-untyped-def]
-            sessions.append(id(session))
-            return await write(session)
+        def wrapped(tx: WriteTx):  # type: ignore[no-untyped-def]
+            sessions.append(id(tx))
+            return write(tx)
 
         return await run(wrapped)
 
@@ -62,22 +62,23 @@ async def test_a_write_whose_caller_left_before_its_turn_is_not_run(
 ) -> None:
     writes = GroupCommit(projection.sessions)
     ran: list[str] = []
-    first_holds = asyncio.Event()
-    release = asyncio.Event()
+    first_holds = threading.Event()
+    release = threading.Event()
 
-    async def slow(session: AsyncSession) -> None:
+    # Writes run in a thread, on the transaction's connection: these wait on thread events.
+    def slow(tx: WriteTx) -> None:
         ran.append("first")
         first_holds.set()
-        await release.wait()
+        release.wait(timeout=30)
 
-    async def second(session: AsyncSession) -> None:
+    def second(tx: WriteTx) -> None:
         ran.append("second")
 
-    async def third(session: AsyncSession) -> None:
+    def third(tx: WriteTx) -> None:
         ran.append("third")
 
     first = asyncio.create_task(writes.run(slow))
-    await first_holds.wait()
+    await asyncio.to_thread(first_holds.wait, 30)
     waiting = asyncio.create_task(writes.run(second))
     await asyncio.sleep(0)
     waiting.cancel()
