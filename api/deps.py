@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.changes import ChangeFeed
 from api.problems import Problem
 from api.service import JobService
+from projections.metrics import QueueDepth
 from projections.keys import authenticate
 from projections.store import JobStore, Scope
 
@@ -23,6 +24,8 @@ class Services:
     max_prompt_bytes: int
     sse_poll_interval_s: float
     sse_keepalive_s: float
+    queue_depth: QueueDepth
+    metrics_token: str | None = field(default=None, repr=False)
 
 
 def get_services(request: Request) -> Services:

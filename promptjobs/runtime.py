@@ -29,7 +29,9 @@ from api.deps import Services
 from api.dispatch import Dispatcher
 from api.service import JobService
 from projections.db import create_engine, migrate, session_factory
+from projections.metrics import QueueDepth
 from projections.notifications import EventListener
+from projections.operations import jobs_by_state
 from projections.projector import Projector
 from projections.store import JobStore
 from promptjobs.settings import Settings
@@ -171,6 +173,7 @@ def build_job_service(
         dispatcher,
         adapters,
         max_attempts_default=settings.max_attempts_default,
+        metrics_org_labels=settings.metrics_org_labels,
     )
 
 
@@ -189,6 +192,10 @@ def build_app(
             max_prompt_bytes=settings.max_prompt_bytes,
             sse_poll_interval_s=settings.sse_poll_interval_s,
             sse_keepalive_s=settings.sse_keepalive_s,
+            queue_depth=QueueDepth(
+                lambda: jobs_by_state(projection.sessions), settings.metrics_cache_s
+            ),
+            metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )
     )
 

@@ -110,6 +110,8 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "sse_keepalive_s": 1.0,
         "heartbeat_timeout_s": 2.0,
         "shutdown_grace_s": 2.0,
+        # Tests read the queue-depth gauge right after changing it.
+        "metrics_cache_s": 0.0,
     }
     values.update(overrides)
     return Settings(**values)
