@@ -11,8 +11,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.changes import ChangeFeed
 from api.problems import Problem
 from api.service import JobService
-from projections.metrics import QueueDepth
 from projections.keys import authenticate
+from projections.metrics import QueueDepth
 from projections.store import JobStore, Scope
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-
 from sqlalchemy import event
 from temporalio.testing import WorkflowEnvironment
 
