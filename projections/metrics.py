@@ -3,7 +3,8 @@
 Counters live in process memory: the API process counts submissions and the transitions it
 commits (cancels, retries); the worker process counts the transitions its activities commit
 and the adapter calls it makes. `promptjobs dev` runs both in one process, so its `/metrics`
-shows everything; a separate worker process serves no HTTP (see docs/operators.md).
+shows everything; a separate worker serves them on PROMPTJOBS_WORKER_METRICS_PORT
+(docs/operators.md).
 """
 
 from __future__ import annotations

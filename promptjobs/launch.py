@@ -13,9 +13,11 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
 from projections.keys import IssuedKey, create_key
+from promptjobs.observability import WorkerMetrics, keep_registered
 from promptjobs.runtime import (
     Projection,
     api_server,
@@ -180,6 +182,11 @@ async def serve(
         tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(), name="worker"))
+        tasks.append(
+            asyncio.create_task(
+                keep_registered(settings, projection.sessions, stop), name="worker registry"
+            )
+        )
     try:
         if server is not None:
             while not server.started:
@@ -232,28 +239,45 @@ async def run_api(settings: Settings, *, stop: asyncio.Event | None = None) -> N
 
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    client = await connect_with_retry(settings, stop)
+    metrics = None
+    if settings.worker_metrics_port is not None:
+        ensure_port_free(
+            settings.worker_metrics_host,
+            settings.worker_metrics_port,
+            "worker metrics",
+            "PROMPTJOBS_WORKER_METRICS_PORT",
+        )
+        metrics = WorkerMetrics(settings)
+    client = await connect_with_retry(settings, stop, runtime=metrics.runtime if metrics else None)
     if client is None:
         return
-    async with open_projection(settings) as projection:
-        await serve(
-            settings,
-            client,
-            projection,
-            stop,
-            run_worker=True,
-            run_api=False,
-            on_ready=lambda: log.warning(
-                "worker %s polling %s", os.getpid(), settings.temporal_task_queue
-            ),
-        )
+    serving = asyncio.create_task(metrics.serve(stop)) if metrics else None
+    try:
+        async with open_projection(settings) as projection:
+            await serve(
+                settings,
+                client,
+                projection,
+                stop,
+                run_worker=True,
+                run_api=False,
+                on_ready=lambda: log.warning(
+                    "worker %s polling %s", os.getpid(), settings.temporal_task_queue
+                ),
+            )
+    finally:
+        stop.set()
+        if serving is not None:
+            await serving
 
 
-async def connect_with_retry(settings: Settings, stop: asyncio.Event) -> Client | None:
+async def connect_with_retry(
+    settings: Settings, stop: asyncio.Event, *, runtime: Runtime | None = None
+) -> Client | None:
     delay = 0.5
     while not stop.is_set():
         try:
-            return await connect_temporal(settings)
+            return await connect_temporal(settings, runtime=runtime)
         except Exception as err:
             log.warning("Temporal at %s unreachable (%s); retrying", settings.temporal_address, err)
             try:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,7 +16,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from temporalio.client import Client
+from starlette.applications import Starlette
+from temporalio.client import Client, Interceptor
+from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
@@ -103,7 +105,14 @@ def build_adapters(settings: Settings) -> AdapterRegistry:
     return AdapterRegistry({a.name: a for a in adapters}, default=settings.default_provider)
 
 
-async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:
+async def connect_temporal(
+    settings: Settings,
+    *,
+    lazy: bool = False,
+    runtime: Runtime | None = None,
+    interceptors: Sequence[Interceptor] = (),
+) -> Client:
+    """`runtime`: a worker's, exporting the SDK's metrics; `interceptors`: tracing's."""
     api_key = settings.temporal_api_key
     return await Client.connect(
         settings.temporal_address,
@@ -111,6 +120,8 @@ async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:
         tls=temporal_tls(settings),
         api_key=api_key.get_secret_value() if api_key else None,
         lazy=lazy,
+        runtime=runtime,
+        interceptors=interceptors,
     )
 
 
@@ -208,7 +219,7 @@ class ApiServer(uvicorn.Server):
         yield
 
 
-def api_server(app: FastAPI, host: str, port: int, *, grace_s: float = 5.0) -> ApiServer:
+def api_server(app: Starlette, host: str, port: int, *, grace_s: float = 5.0) -> ApiServer:
     config = uvicorn.Config(
         app,
         host=host,

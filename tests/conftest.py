@@ -131,7 +131,10 @@ async def _truncate(projection: Projection) -> None:
 
     async with projection.engine.begin() as conn:
         await conn.execute(
-            text("TRUNCATE api_keys, responses, job_events, jobs, prompts RESTART IDENTITY CASCADE")
+            text(
+                "TRUNCATE api_keys, responses, job_events, jobs, prompts, workers "
+                "RESTART IDENTITY CASCADE"
+            )
         )
 
 
