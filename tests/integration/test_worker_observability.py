@@ -105,9 +105,7 @@ async def test_a_worker_serves_our_counters_and_the_sdks_metrics_and_reports_its
             worker.terminate()
             assert await worker.exited() == 0
             stopped = await status_json(cli_env)
-            (gone,) = [
-                w for w in stopped["registered_workers"] if w["config"]["pid"] == worker.pid
-            ]
+            (gone,) = [w for w in stopped["registered_workers"] if w["config"]["pid"] == worker.pid]
             assert gone["status"] == "stopped"
             human = await asyncio.to_thread(CliRunner().invoke, app, ["status"], env=cli_env)
             assert "worker processes" in human.output and "stopped" in human.output
