@@ -45,6 +45,8 @@ JOBS = Gauge(
     ["state"],
 )
 
+ALL = (SUBMISSIONS, TRANSITIONS, ADAPTER_LATENCY, JOBS)
+
 _PENDING = "promptjobs.pending_transitions"
 
 

@@ -28,6 +28,16 @@ from promptjobs.settings import Settings
 
 log = logging.getLogger("promptjobs")
 
+# The Temporal SDK's worker metrics the dashboard (deploy/grafana) and docs/operators.md rely
+# on; test_worker_observability.py checks a real worker's port serves each of them.
+SDK_WORKER_METRICS = (
+    "temporal_worker_task_slots_available",
+    "temporal_worker_task_slots_used",
+    "temporal_activity_schedule_to_start_latency",
+    "temporal_workflow_task_schedule_to_start_latency",
+    "temporal_num_pollers",
+)
+
 
 def free_local_port() -> int:
     with socket.socket() as probe:

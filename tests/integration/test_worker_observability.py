@@ -14,16 +14,12 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from promptjobs.cli import app
+from promptjobs.observability import SDK_WORKER_METRICS
 from tests.conftest import eventually, free_port, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 
 # The Temporal SDK's own worker metrics an operator watches (slots, poll, schedule-to-start).
-SDK_METRICS = {
-    "temporal_worker_task_slots_available",
-    "temporal_activity_schedule_to_start_latency",
-    "temporal_workflow_task_schedule_to_start_latency",
-    "temporal_num_pollers",
-}
+SDK_METRICS = set(SDK_WORKER_METRICS)
 
 
 def metric_names(text: str) -> dict[str, list[Any]]:
@@ -75,6 +71,11 @@ async def test_a_worker_serves_our_counters_and_the_sdks_metrics_and_reports_its
             assert transitions["running"] == 1 and transitions["succeeded"] == 1
             missing = SDK_METRICS - set(metrics)
             assert not missing, f"no {missing} in:\n{scraped.text[:3000]}"
+            # The labels the dashboard groups by.
+            assert all(
+                "worker_type" in s.labels for s in metrics["temporal_worker_task_slots_used"]
+            )
+            assert all("poller_type" in s.labels for s in metrics["temporal_num_pollers"])
 
             cli_env = {
                 "PROMPTJOBS_DATABASE_URL": settings.projection_url,
