@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
@@ -34,6 +35,8 @@ from projections.ids import response_id_for
 from projections.models import Job, Prompt
 from projections.projector import Projector, ResponseRecord, Transition
 from projections.states import JobState
+
+TRACER = trace.get_tracer("promptjobs.activities")
 
 
 def worker_identity() -> str:
@@ -121,6 +124,14 @@ class JobActivities:
     ) -> tuple[str, AdapterOutcome]:
         """The adapter call: (the job's prompt id, what the provider answered)."""
         job, prompt = await self._load(call.job_id)
+        # On the attempt's activity span (a no-op span while tracing is off).
+        trace.get_current_span().set_attributes(
+            {
+                "promptjobs.job_id": job.job_id,
+                "promptjobs.org": job.org,
+                "promptjobs.attempt": attempt,
+            }
+        )
         request = AdapterRequest(
             job_id=job.job_id,
             prompt_id=prompt.prompt_id,
@@ -147,29 +158,43 @@ class JobActivities:
 
     async def _complete(self, request: AdapterRequest) -> AdapterResult:
         provider = self.adapters.provider_of(request.options)
-        started = time.monotonic()
-        outcome = "ok"
-        try:
-            adapter = self.adapters.get(request.options)
-            return await adapter.complete(request)
-        except AdapterError as err:
-            outcome = err.kind.value
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except InvalidOptions as err:
-            # The label must not carry whatever provider name a client sent.
-            provider, outcome = "invalid", ErrorKind.PROVIDER_4XX.value
-            raise AdapterError(ErrorKind.PROVIDER_4XX, str(err)) from err
-        except Exception as err:
-            # Anything an adapter did not classify is `unknown`, which is retried.
-            outcome = ErrorKind.UNKNOWN.value
-            raise AdapterError(ErrorKind.UNKNOWN, f"{type(err).__name__}: {err}") from err
-        finally:
-            metrics.ADAPTER_LATENCY.labels(provider=provider, outcome=outcome).observe(
-                time.monotonic() - started
-            )
+        # The provider call's own span: the SDKs' HTTP transports are not all httpx (the
+        # OpenAI SDK ships its own fork), so the call is traced here, whatever carries it.
+        # With tracing off this is OpenTelemetry's no-op span.
+        with TRACER.start_as_current_span(
+            f"provider {provider}", kind=trace.SpanKind.CLIENT
+        ) as span:
+            started = time.monotonic()
+            outcome = "ok"
+            try:
+                adapter = self.adapters.get(request.options)
+                return await adapter.complete(request)
+            except AdapterError as err:
+                outcome = err.kind.value
+                raise
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            except InvalidOptions as err:
+                # The label must not carry whatever provider name a client sent.
+                provider, outcome = "invalid", ErrorKind.PROVIDER_4XX.value
+                raise AdapterError(ErrorKind.PROVIDER_4XX, str(err)) from err
+            except Exception as err:
+                # Anything an adapter did not classify is `unknown`, which is retried.
+                outcome = ErrorKind.UNKNOWN.value
+                raise AdapterError(ErrorKind.UNKNOWN, f"{type(err).__name__}: {err}") from err
+            finally:
+                metrics.ADAPTER_LATENCY.labels(provider=provider, outcome=outcome).observe(
+                    time.monotonic() - started
+                )
+                span.set_attributes(
+                    {
+                        "promptjobs.provider": provider,
+                        "promptjobs.job_id": request.job_id,
+                        "promptjobs.attempt": request.attempt,
+                        "promptjobs.outcome": outcome,
+                    }
+                )
 
     async def _failed_attempt(
         self, call: AdapterCall, attempt: int, err: AdapterError, running: DelayedReport
@@ -177,6 +202,7 @@ class JobActivities:
         """Decide, by the shared policy, whether Temporal retries; record the re-queue."""
         message = err.message
         activity.logger.warning("job %s attempt %d: %s", call.job_id, attempt, message)
+        trace.get_current_span().set_attribute("promptjobs.error_kind", err.kind.value)
         if not err.kind.is_retryable or attempt >= call.max_attempts:
             # The last attempt: the workflow settles the job, showing this attempt's number.
             await running.done(send_now=True)

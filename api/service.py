@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import trace
+
 from activities.adapters.base import AdapterRegistry
 from api.dispatch import Dispatcher
 from projections import metrics
@@ -34,6 +36,14 @@ class JobService:
 
     async def submit(self, scope: Scope, submission: Submission) -> Accepted:
         accepted = await self.store.submit(scope, submission)
+        # On the request's span (a no-op span while tracing is off).
+        trace.get_current_span().set_attributes(
+            {
+                "promptjobs.job_id": accepted.job.job_id,
+                "promptjobs.prompt_id": accepted.prompt.prompt_id,
+                "promptjobs.org": scope.org,
+            }
+        )
         if accepted.created:
             # An empty label is no label to Prometheus: no tenant named unless asked for.
             org = scope.org if self.metrics_org_labels else ""

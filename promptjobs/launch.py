@@ -7,12 +7,12 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
 from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
@@ -30,6 +30,7 @@ from promptjobs.runtime import (
     temporal_cli,
 )
 from promptjobs.settings import Settings
+from promptjobs.tracing import Tracing, start_tracing
 from workflows import search_attributes
 
 log = logging.getLogger("promptjobs")
@@ -73,7 +74,9 @@ DEV_SERVER_ARGS = [
 ]  # fmt: skip
 
 
-async def start_dev_temporal(settings: Settings, *, ui: bool = True) -> WorkflowEnvironment:
+async def start_dev_temporal(
+    settings: Settings, *, ui: bool = True, interceptors: Sequence[Interceptor] = ()
+) -> WorkflowEnvironment:
     host, port = split_address(settings.temporal_address)
     ensure_port_free(host, port, "Temporal", "PROMPTJOBS_TEMPORAL_ADDRESS")
     if ui:
@@ -82,6 +85,7 @@ async def start_dev_temporal(settings: Settings, *, ui: bool = True) -> Workflow
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return await WorkflowEnvironment.start_local(
+        interceptors=interceptors,
         ip=host,
         port=port,
         namespace=settings.temporal_namespace,
@@ -125,7 +129,10 @@ async def run_dev(
     """Temporal dev server, worker, dispatcher and API in one process, until `stop`."""
     stop = stop or asyncio.Event()
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
-    env = await start_dev_temporal(settings, ui=ui)
+    tracing = start_tracing(settings, "dev")
+    env = await start_dev_temporal(
+        settings, ui=ui, interceptors=tracing.interceptors() if tracing else ()
+    )
     try:
         async with open_projection(settings, listen=True) as projection:
             key = await dev_api_key(projection, settings.data_dir)
@@ -146,9 +153,12 @@ async def run_dev(
                 run_worker=True,
                 run_api=True,
                 on_ready=lambda: on_ready(stack) if on_ready else None,
+                tracing=tracing,
             )
     finally:
         await env.shutdown()
+        if tracing is not None:
+            tracing.shutdown()
 
 
 async def serve(
@@ -160,6 +170,7 @@ async def serve(
     run_worker: bool,
     run_api: bool,
     on_ready: Callable[[], None] | None = None,
+    tracing: Tracing | None = None,
 ) -> None:
     """Run a worker and/or the API (with its dispatcher) against one projection until `stop`.
 
@@ -175,6 +186,8 @@ async def serve(
     if run_api:
         dispatcher = build_dispatcher(settings, client, projection)
         app = build_app(settings, projection, dispatcher, adapters)
+        if tracing is not None:
+            tracing.instrument_app(app)
         server = api_server(
             app, settings.api_host, settings.api_port, grace_s=settings.shutdown_grace_s
         )
@@ -221,20 +234,28 @@ async def serve(
 async def run_api(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
-    # Lazy: the API accepts submissions while Temporal is down; the dispatcher catches up.
-    client = await connect_temporal(settings, lazy=True)
-    async with open_projection(settings, listen=True) as projection:
-        await serve(
-            settings,
-            client,
-            projection,
-            stop,
-            run_worker=False,
-            run_api=True,
-            on_ready=lambda: log.warning(
-                "API on http://%s:%s", settings.api_host, settings.api_port
-            ),
+    tracing = start_tracing(settings, "api")
+    try:
+        # Lazy: the API accepts submissions while Temporal is down; the dispatcher catches up.
+        client = await connect_temporal(
+            settings, lazy=True, interceptors=tracing.interceptors() if tracing else ()
         )
+        async with open_projection(settings, listen=True) as projection:
+            await serve(
+                settings,
+                client,
+                projection,
+                stop,
+                run_worker=False,
+                run_api=True,
+                on_ready=lambda: log.warning(
+                    "API on http://%s:%s", settings.api_host, settings.api_port
+                ),
+                tracing=tracing,
+            )
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
 
 
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
@@ -248,7 +269,13 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
             "PROMPTJOBS_WORKER_METRICS_PORT",
         )
         metrics = WorkerMetrics(settings)
-    client = await connect_with_retry(settings, stop, runtime=metrics.runtime if metrics else None)
+    tracing = start_tracing(settings, "worker")
+    client = await connect_with_retry(
+        settings,
+        stop,
+        runtime=metrics.runtime if metrics else None,
+        interceptors=tracing.interceptors() if tracing else (),
+    )
     if client is None:
         return
     serving = asyncio.create_task(metrics.serve(stop)) if metrics else None
@@ -269,15 +296,21 @@ async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -
         stop.set()
         if serving is not None:
             await serving
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
 
 
 async def connect_with_retry(
-    settings: Settings, stop: asyncio.Event, *, runtime: Runtime | None = None
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    runtime: Runtime | None = None,
+    interceptors: Sequence[Interceptor] = (),
 ) -> Client | None:
     delay = 0.5
     while not stop.is_set():
         try:
-            return await connect_temporal(settings, runtime=runtime)
+            return await connect_temporal(settings, runtime=runtime, interceptors=interceptors)
         except Exception as err:
             log.warning("Temporal at %s unreachable (%s); retrying", settings.temporal_address, err)
             try:

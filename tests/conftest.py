@@ -30,6 +30,7 @@ from promptjobs.runtime import (
     temporal_cli,
 )
 from promptjobs.settings import Settings
+from promptjobs.tracing import Tracing
 from workflows import search_attributes
 
 PG_ADMIN_URL = os.environ.get("PROMPTJOBS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -230,7 +231,7 @@ class Stack:
 
 @asynccontextmanager
 async def running_stack(
-    settings: Settings, client: Client, *, run_worker: bool = True
+    settings: Settings, client: Client, *, run_worker: bool = True, tracing: Tracing | None = None
 ) -> AsyncIterator[Stack]:
     """API (real HTTP on a free port), dispatcher and, unless told not to, a worker."""
     settings = settings.model_copy(update={"api_port": free_port()})
@@ -246,6 +247,7 @@ async def running_stack(
                 run_worker=run_worker,
                 run_api=True,
                 on_ready=ready.set,
+                tracing=tracing,
             )
         )
         ready_wait = asyncio.create_task(ready.wait())
