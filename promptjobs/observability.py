@@ -22,7 +22,7 @@ from starlette.routing import Route
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.job_activities import worker_identity
-from api.routes.metrics import token_matches
+from api.routes.metrics import bearer_token, token_matches
 from projections import workers
 from promptjobs.settings import Settings
 
@@ -66,10 +66,7 @@ class WorkerMetrics:
         return Starlette(routes=[Route("/metrics", self.scrape)])
 
     async def scrape(self, request: Request) -> Response:
-        presented = request.headers.get("authorization", "")
-        scheme, _, credentials = presented.partition(" ")
-        bearer = credentials if scheme.lower() == "bearer" else None
-        if not token_matches(self._token, bearer):
+        if not token_matches(self._token, bearer_token(request.headers.get("authorization"))):
             return Response(
                 "send Authorization: Bearer <PROMPTJOBS_METRICS_TOKEN>\n",
                 status_code=401,
