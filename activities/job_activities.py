@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 
+from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
@@ -47,6 +48,8 @@ from projections.lifecycle import (
 )
 from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
+
+TRACER = trace.get_tracer("promptjobs.activities")
 
 
 def worker_identity() -> str:
@@ -137,6 +140,14 @@ class JobActivities:
     ) -> tuple[str, AdapterOutcome]:
         """The adapter call: (the job's prompt id, what the provider answered)."""
         job, prompt = await self._load(call.job_id)
+        # On the attempt's activity span (a no-op span while tracing is off).
+        trace.get_current_span().set_attributes(
+            {
+                "promptjobs.job_id": job.job_id,
+                "promptjobs.org": job.org,
+                "promptjobs.attempt": attempt,
+            }
+        )
         text = prompt.text
         if prompt.after:
             # A chain's child runs with its parents' answers in place of the placeholders.
@@ -168,29 +179,43 @@ class JobActivities:
 
     async def _complete(self, request: AdapterRequest) -> AttemptResult:
         provider = self.adapters.provider_of(request.options)
-        started = time.monotonic()
-        outcome = "ok"
-        try:
-            adapter = self.adapters.get(request.options)
-            return await adapter.complete(request)
-        except AdapterError as err:
-            outcome = err.kind.value
-            raise
-        except asyncio.CancelledError:
-            outcome = JobState.CANCELLED.value
-            raise
-        except InvalidOptions as err:
-            # The label must not carry whatever provider name a client sent.
-            provider, outcome = "invalid", ErrorKind.PROVIDER_4XX.value
-            raise AdapterError(ErrorKind.PROVIDER_4XX, str(err)) from err
-        except Exception as err:
-            # Anything an adapter did not classify is `unknown`, which is retried.
-            outcome = ErrorKind.UNKNOWN.value
-            raise AdapterError(ErrorKind.UNKNOWN, f"{type(err).__name__}: {err}") from err
-        finally:
-            metrics.ADAPTER_LATENCY.labels(provider=provider, outcome=outcome).observe(
-                time.monotonic() - started
-            )
+        # The provider call's own span: the SDKs' HTTP transports are not all httpx (the
+        # OpenAI SDK ships its own fork), so the call is traced here, whatever carries it.
+        # With tracing off this is OpenTelemetry's no-op span.
+        with TRACER.start_as_current_span(
+            f"provider {provider}", kind=trace.SpanKind.CLIENT
+        ) as span:
+            started = time.monotonic()
+            outcome = "ok"
+            try:
+                adapter = self.adapters.get(request.options)
+                return await adapter.complete(request)
+            except AdapterError as err:
+                outcome = err.kind.value
+                raise
+            except asyncio.CancelledError:
+                outcome = JobState.CANCELLED.value
+                raise
+            except InvalidOptions as err:
+                # The label must not carry whatever provider name a client sent.
+                provider, outcome = "invalid", ErrorKind.PROVIDER_4XX.value
+                raise AdapterError(ErrorKind.PROVIDER_4XX, str(err)) from err
+            except Exception as err:
+                # Anything an adapter did not classify is `unknown`, which is retried.
+                outcome = ErrorKind.UNKNOWN.value
+                raise AdapterError(ErrorKind.UNKNOWN, f"{type(err).__name__}: {err}") from err
+            finally:
+                metrics.ADAPTER_LATENCY.labels(provider=provider, outcome=outcome).observe(
+                    time.monotonic() - started
+                )
+                span.set_attributes(
+                    {
+                        "promptjobs.provider": provider,
+                        "promptjobs.job_id": request.job_id,
+                        "promptjobs.attempt": request.attempt,
+                        "promptjobs.outcome": outcome,
+                    }
+                )
 
     async def _failed_attempt(
         self, call: AdapterCall, attempt: int, err: AdapterError, running: DelayedReport
@@ -198,6 +223,7 @@ class JobActivities:
         """Ask the lifecycle what this failure leads to; record a re-queue, or leave the end to
         the workflow (which settles the job, showing this attempt's number)."""
         activity.logger.warning("job %s attempt %d: %s", call.job_id, attempt, err.message)
+        trace.get_current_span().set_attribute("promptjobs.error_kind", err.kind.value)
         step = next_step(
             FailedAttempt(err.kind, err.message, attempt, call.max_attempts, err.retry_after_s),
             policy=self.backoff,

@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.changes import ChangeFeed
 from api.problems import Problem
 from projections.keys import KeyCache, key_id_of
+from projections.metrics import QueueDepth
 from projections.scope import Scope
 from projections.store import JobStore
 from services.jobs import JobService
@@ -24,7 +25,9 @@ class Services:
     max_prompt_bytes: int
     sse_keepalive_s: float
     sse_max_lifetime_s: float
+    queue_depth: QueueDepth
     keys: KeyCache = field(default_factory=KeyCache)
+    metrics_token: str | None = field(default=None, repr=False)
 
 
 def get_services(request: Request) -> Services:

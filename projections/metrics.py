@@ -3,17 +3,25 @@
 Counters live in process memory: the API process counts submissions and the transitions it
 commits (cancels, retries); the worker process counts the transitions its activities commit
 and the adapter calls it makes. `promptjobs dev` runs both in one process, so its `/metrics`
-shows everything; a separate worker process serves no HTTP (see docs/operators.md).
+shows everything; a separate worker serves them on PROMPTJOBS_WORKER_METRICS_PORT
+(docs/operators.md).
 """
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from projections.lifecycle import JobState
 
 SUBMISSIONS = Counter(
-    "promptjobs_submissions", "Prompts accepted: a committed prompt and its first job", ["org"]
+    "promptjobs_submissions",
+    "Prompts accepted: a committed prompt and its first job; org is empty unless "
+    "PROMPTJOBS_METRICS_ORG_LABELS is on",
+    ["org"],
 )
 TRANSITIONS = Counter(
     "promptjobs_job_transitions",
@@ -28,9 +36,12 @@ ADAPTER_LATENCY = Histogram(
 )
 JOBS = Gauge(
     "promptjobs_jobs",
-    "Jobs queued or running now, read from the projection when /metrics is scraped",
+    "Jobs queued or running now, read from the projection when /metrics is scraped "
+    "(at most once per PROMPTJOBS_METRICS_CACHE_S)",
     ["state"],
 )
+
+ALL = (SUBMISSIONS, TRANSITIONS, ADAPTER_LATENCY, JOBS)
 
 
 def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str]:
@@ -48,3 +59,27 @@ def count_transitions(committed: list[tuple[str, str]]) -> None:
 def record_queue_depth(counts: dict[JobState, int]) -> None:
     for state in (JobState.QUEUED, JobState.RUNNING):
         JOBS.labels(state=state.value).set(counts.get(state, 0))
+
+
+class QueueDepth:
+    """Jobs per state, read from the projection at most once per `max_age_s`.
+
+    A scrape would otherwise count the whole jobs table each time; Prometheus (or several)
+    scraping every few seconds, or anyone hammering an open /metrics, then costs one query
+    per interval. Concurrent scrapes share the one read in flight."""
+
+    def __init__(
+        self, read: Callable[[], Awaitable[dict[JobState, int]]], max_age_s: float
+    ) -> None:
+        self._read = read
+        self._max_age_s = max_age_s
+        self._read_at: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            now = time.monotonic()
+            if self._read_at is not None and now - self._read_at < self._max_age_s:
+                return
+            record_queue_depth(await self._read())
+            self._read_at = time.monotonic()

@@ -1,4 +1,5 @@
-"""SQLAlchemy models of the projection: API keys, prompts, jobs, job events and responses."""
+"""SQLAlchemy models of the projection: API keys, prompts, jobs, job events, responses and
+worker processes."""
 
 from __future__ import annotations
 
@@ -230,3 +231,17 @@ class Response(Base):
     latency_ms: Mapped[int | None] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class WorkerProcess(Base):
+    """One worker process: what it runs with and when it last said it was alive. Each row is
+    written only by its own process (docs/operators.md, `promptjobs status`)."""
+
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_heartbeat_at", "heartbeat_at"),)
+
+    identity: Mapped[str] = mapped_column(String(255), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)

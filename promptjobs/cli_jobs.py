@@ -15,11 +15,11 @@ from typing import Annotated, Any
 import typer
 
 from activities.adapters.base import InvalidOptions
-from projections import operations
+from projections import operations, workers
 from projections.chain_store import parents_state
 from projections.errors import InvalidState, NotFound
 from projections.lifecycle import JobState
-from projections.models import Job, JobEvent
+from projections.models import Job, JobEvent, WorkerProcess
 from projections.projector import utcnow
 from projections.scope import Scope
 from promptjobs.console import (
@@ -331,13 +331,35 @@ def archive(
 def status(as_json: JsonOpt = False) -> None:
     """The fleet at a glance: jobs per state, workers seen in the projection, and Temporal's
     pollers on the task queue (with when each last polled)."""
-    health, temporal = run(_status())
+    health, registered, temporal = run(_status())
     if as_json:
-        emit_json({"projection": asdict(health), "temporal": temporal})
+        emit_json(
+            {
+                "projection": asdict(health),
+                "registered_workers": [_registered(w) for w in registered],
+                "temporal": temporal,
+            }
+        )
         return
     out = console()
     out.print(table("jobs", ("state", "jobs"), health.states.items()))
     typer.echo(f"last transition: {short(health.last_transition_at) or 'none yet'}")
+    out.print(
+        table(
+            "worker processes (their own heartbeats, last hour)",
+            ("worker", "status", "last heartbeat", "started", "configuration"),
+            (
+                (
+                    w.identity,
+                    _liveness(w),
+                    short(w.heartbeat_at),
+                    short(w.started_at),
+                    _config_line(w.config),
+                )
+                for w in registered
+            ),
+        )
+    )
     out.print(
         table(
             "workers seen in the last hour (from the jobs they ran)",
@@ -363,12 +385,46 @@ def status(as_json: JsonOpt = False) -> None:
     )
 
 
-async def _status() -> tuple[operations.ProjectionHealth, dict[str, Any]]:
+def _liveness(worker: WorkerProcess) -> str:
+    """`stopped` once it said so; `silent` when it missed three beats (killed, or cut off
+    from the database); `alive` otherwise."""
+    if worker.stopped_at is not None:
+        return "stopped"
+    beat_s = Settings().worker_heartbeat_s
+    if (utcnow() - worker.heartbeat_at).total_seconds() > 3 * beat_s:
+        return "silent"
+    return "alive"
+
+
+def _config_line(config: dict[str, Any]) -> str:
+    shown = (
+        ("queue", config.get("task_queue")),
+        ("slots", config.get("max_concurrent_activities")),
+        ("wf tasks", config.get("max_concurrent_workflow_tasks")),
+        ("provider", config.get("default_provider")),
+        ("metrics", config.get("metrics_port") or "off"),
+        ("tracing", config.get("tracing")),
+    )
+    return ", ".join(f"{name} {value}" for name, value in shown)
+
+
+def _registered(worker: WorkerProcess) -> dict[str, Any]:
+    return {
+        "identity": worker.identity,
+        "status": _liveness(worker),
+        "started_at": worker.started_at,
+        "heartbeat_at": worker.heartbeat_at,
+        "stopped_at": worker.stopped_at,
+        "config": worker.config,
+    }
+
+
+async def _status() -> tuple[operations.ProjectionHealth, list[WorkerProcess], dict[str, Any]]:
     settings = Settings()
     async with open_projection(settings) as projection:
-        health = await operations.projection_health(
-            projection.sessions, workers_since=utcnow() - timedelta(seconds=WORKERS_SEEN_S)
-        )
+        since = utcnow() - timedelta(seconds=WORKERS_SEEN_S)
+        health = await operations.projection_health(projection.sessions, workers_since=since)
+        registered = await workers.workers_since(projection.sessions, since)
     temporal: dict[str, Any] = {
         "address": settings.temporal_address,
         "task_queue": settings.temporal_task_queue,
@@ -378,4 +434,4 @@ async def _status() -> tuple[operations.ProjectionHealth, dict[str, Any]]:
         temporal["pollers"] = await task_queue_pollers(client, settings.temporal_task_queue)
     except (RuntimeError, OSError) as err:  # connect failures surface as RuntimeError
         temporal["error"] = str(err).splitlines()[0]
-    return health, temporal
+    return health, registered, temporal

@@ -7,15 +7,17 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
+from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
 from projections.keys import IssuedKey, create_key
+from promptjobs.observability import WorkerMetrics, keep_registered
 from promptjobs.runtime import (
     Projection,
     api_server,
@@ -28,6 +30,7 @@ from promptjobs.runtime import (
     temporal_cli,
 )
 from promptjobs.settings import Settings
+from promptjobs.tracing import Tracing, start_tracing
 from services.dispatch import PRIORITY_LEVELS
 from workflows import search_attributes
 
@@ -74,7 +77,9 @@ DEV_SERVER_ARGS = [
 ]  # fmt: skip
 
 
-async def start_dev_temporal(settings: Settings, *, ui: bool = True) -> WorkflowEnvironment:
+async def start_dev_temporal(
+    settings: Settings, *, ui: bool = True, interceptors: Sequence[Interceptor] = ()
+) -> WorkflowEnvironment:
     host, port = split_address(settings.temporal_address)
     ensure_port_free(host, port, "Temporal", "PROMPTJOBS_TEMPORAL_ADDRESS")
     if ui:
@@ -83,6 +88,7 @@ async def start_dev_temporal(settings: Settings, *, ui: bool = True) -> Workflow
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return await WorkflowEnvironment.start_local(
+        interceptors=interceptors,
         ip=host,
         port=port,
         namespace=settings.temporal_namespace,
@@ -126,7 +132,10 @@ async def run_dev(
     """Temporal dev server, worker, dispatcher and API in one process, until `stop`."""
     stop = stop or asyncio.Event()
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
-    env = await start_dev_temporal(settings, ui=ui)
+    tracing = start_tracing(settings, "dev")
+    env = await start_dev_temporal(
+        settings, ui=ui, interceptors=tracing.interceptors() if tracing else ()
+    )
     try:
         async with open_projection(settings, listen=True) as projection:
             key = await dev_api_key(projection, settings.data_dir)
@@ -147,9 +156,12 @@ async def run_dev(
                 run_worker=True,
                 run_api=True,
                 on_ready=lambda: on_ready(stack) if on_ready else None,
+                tracing=tracing,
             )
     finally:
         await env.shutdown()
+        if tracing is not None:
+            tracing.shutdown()
 
 
 async def serve(
@@ -161,6 +173,7 @@ async def serve(
     run_worker: bool,
     run_api: bool,
     on_ready: Callable[[], None] | None = None,
+    tracing: Tracing | None = None,
 ) -> None:
     """Run a worker and/or the API (with its dispatcher) against one projection until `stop`.
 
@@ -176,6 +189,8 @@ async def serve(
     if run_api:
         dispatcher = build_dispatcher(settings, client, projection)
         app = build_app(settings, projection, dispatcher, adapters)
+        if tracing is not None:
+            tracing.instrument_app(app)
         server = api_server(
             app, settings.api_host, settings.api_port, grace_s=settings.shutdown_grace_s
         )
@@ -183,6 +198,11 @@ async def serve(
         tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(), name="worker"))
+        tasks.append(
+            asyncio.create_task(
+                keep_registered(settings, projection.sessions, stop), name="worker registry"
+            )
+        )
     try:
         if server is not None:
             while not server.started:
@@ -217,46 +237,83 @@ async def serve(
 async def run_api(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
-    # Lazy: the API accepts submissions while Temporal is down; the dispatcher catches up.
-    client = await connect_temporal(settings, lazy=True)
-    async with open_projection(settings, listen=True) as projection:
-        await serve(
-            settings,
-            client,
-            projection,
-            stop,
-            run_worker=False,
-            run_api=True,
-            on_ready=lambda: log.warning(
-                "API on http://%s:%s", settings.api_host, settings.api_port
-            ),
+    tracing = start_tracing(settings, "api")
+    try:
+        # Lazy: the API accepts submissions while Temporal is down; the dispatcher catches up.
+        client = await connect_temporal(
+            settings, lazy=True, interceptors=tracing.interceptors() if tracing else ()
         )
+        async with open_projection(settings, listen=True) as projection:
+            await serve(
+                settings,
+                client,
+                projection,
+                stop,
+                run_worker=False,
+                run_api=True,
+                on_ready=lambda: log.warning(
+                    "API on http://%s:%s", settings.api_host, settings.api_port
+                ),
+                tracing=tracing,
+            )
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
 
 
 async def run_worker(settings: Settings, *, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    client = await connect_with_retry(settings, stop)
+    metrics = None
+    if settings.worker_metrics_port is not None:
+        ensure_port_free(
+            settings.worker_metrics_host,
+            settings.worker_metrics_port,
+            "worker metrics",
+            "PROMPTJOBS_WORKER_METRICS_PORT",
+        )
+        metrics = WorkerMetrics(settings)
+    tracing = start_tracing(settings, "worker")
+    client = await connect_with_retry(
+        settings,
+        stop,
+        runtime=metrics.runtime if metrics else None,
+        interceptors=tracing.interceptors() if tracing else (),
+    )
     if client is None:
         return
-    async with open_projection(settings) as projection:
-        await serve(
-            settings,
-            client,
-            projection,
-            stop,
-            run_worker=True,
-            run_api=False,
-            on_ready=lambda: log.warning(
-                "worker %s polling %s", os.getpid(), settings.temporal_task_queue
-            ),
-        )
+    serving = asyncio.create_task(metrics.serve(stop)) if metrics else None
+    try:
+        async with open_projection(settings) as projection:
+            await serve(
+                settings,
+                client,
+                projection,
+                stop,
+                run_worker=True,
+                run_api=False,
+                on_ready=lambda: log.warning(
+                    "worker %s polling %s", os.getpid(), settings.temporal_task_queue
+                ),
+            )
+    finally:
+        stop.set()
+        if serving is not None:
+            await serving
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
 
 
-async def connect_with_retry(settings: Settings, stop: asyncio.Event) -> Client | None:
+async def connect_with_retry(
+    settings: Settings,
+    stop: asyncio.Event,
+    *,
+    runtime: Runtime | None = None,
+    interceptors: Sequence[Interceptor] = (),
+) -> Client | None:
     delay = 0.5
     while not stop.is_set():
         try:
-            return await connect_temporal(settings)
+            return await connect_temporal(settings, runtime=runtime, interceptors=interceptors)
         except Exception as err:
             log.warning("Temporal at %s unreachable (%s); retrying", settings.temporal_address, err)
             try:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,7 +17,9 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
-from temporalio.client import Client
+from starlette.applications import Starlette
+from temporalio.client import Client, Interceptor
+from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 from temporalio.worker import Worker
 
@@ -29,7 +31,9 @@ from api.changes import ChangeFeed
 from api.deps import Services
 from projections.db import create_engine, dispose, migrate, session_factory
 from projections.keys import KeyCache, live_key_ids
+from projections.metrics import QueueDepth
 from projections.notifications import EventListener
+from projections.operations import jobs_by_state
 from projections.projector import Projector
 from projections.store import JobStore
 from promptjobs.settings import Settings
@@ -111,7 +115,14 @@ def build_adapters(settings: Settings) -> AdapterRegistry:
     return AdapterRegistry({a.name: a for a in adapters}, default=settings.default_provider)
 
 
-async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:
+async def connect_temporal(
+    settings: Settings,
+    *,
+    lazy: bool = False,
+    runtime: Runtime | None = None,
+    interceptors: Sequence[Interceptor] = (),
+) -> Client:
+    """`runtime`: a worker's, exporting the SDK's metrics; `interceptors`: tracing's."""
     api_key = settings.temporal_api_key
     return await Client.connect(
         settings.temporal_address,
@@ -119,6 +130,8 @@ async def connect_temporal(settings: Settings, *, lazy: bool = False) -> Client:
         tls=temporal_tls(settings),
         api_key=api_key.get_secret_value() if api_key else None,
         lazy=lazy,
+        runtime=runtime,
+        interceptors=interceptors,
     )
 
 
@@ -186,6 +199,7 @@ def build_job_service(
         dispatcher,
         adapters,
         max_attempts_default=settings.max_attempts_default,
+        metrics_org_labels=settings.metrics_org_labels,
     )
 
 
@@ -205,6 +219,10 @@ def build_app(
             sse_keepalive_s=settings.sse_keepalive_s,
             sse_max_lifetime_s=settings.sse_max_lifetime_s,
             keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),
+            queue_depth=QueueDepth(
+                lambda: jobs_by_state(projection.sessions), settings.metrics_cache_s
+            ),
+            metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )
     )
 
@@ -217,7 +235,7 @@ class ApiServer(uvicorn.Server):
         yield
 
 
-def api_server(app: FastAPI, host: str, port: int, *, grace_s: float = 5.0) -> ApiServer:
+def api_server(app: Starlette, host: str, port: int, *, grace_s: float = 5.0) -> ApiServer:
     config = uvicorn.Config(
         app,
         host=host,

@@ -154,6 +154,49 @@ class Settings(BaseSettings):
     provider_timeout_s: float = Field(default=120.0, gt=0)
     """Limit of one provider call; keep it under attempt_timeout_s so it reads as `timeout`."""
 
+    # Observability (docs/operators.md).
+    metrics_token: SecretStr | None = None
+    """Bearer token `GET /metrics` (and a worker's metrics port) require; unset: open, as
+    `/healthz` is. Prometheus sends it with `authorization: {credentials: ...}`."""
+    metrics_org_labels: bool = False
+    """Label `promptjobs_submissions_total` with the submitting org. Off by default: an open
+    `/metrics` then names no tenant. Turn it on together with `PROMPTJOBS_METRICS_TOKEN`."""
+    metrics_cache_s: float = Field(default=5.0, ge=0)
+    """How long `/metrics` reuses the jobs-per-state count it read from the projection, so
+    frequent or concurrent scrapes cost one query per interval."""
+    worker_metrics_host: str = "127.0.0.1"
+    """Address a worker's Prometheus endpoint listens on (`0.0.0.0` in a container)."""
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port of a worker's Prometheus endpoint (`/metrics`: our counters and the Temporal SDK's
+    worker metrics on one port); unset: the worker serves no metrics."""
+    worker_heartbeat_s: float = Field(default=15.0, gt=0)
+    """How often a worker records itself in the projection's `workers` table (what
+    `promptjobs status` shows: last heartbeat and configuration)."""
+    otel_traces_exporter: Literal["otlp", "console", "none"] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OTEL_TRACES_EXPORTER"),
+        description=(
+            "Where traces go (OpenTelemetry's standard variable): `otlp`, `console` or `none`. "
+            "Unset: `otlp` if an OTLP endpoint is set, otherwise tracing is off (no cost)."
+        ),
+    )
+    otel_exporter_otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+        description=(
+            "OTLP/HTTP collector, e.g. `http://otel-collector:4318` (`/v1/traces` is added "
+            "unless the URL already ends with it). Setting it turns tracing on."
+        ),
+    )
+    otel_service_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("OTEL_SERVICE_NAME"),
+        description="Service name on the spans; default `promptjobs-api`, `promptjobs-worker` "
+        "or `promptjobs-dev` by process.",
+    )
+
     @model_validator(mode="after")
     def _client_certificate_comes_with_its_key(self) -> Settings:
         if (self.temporal_tls_cert_path is None) != (self.temporal_tls_key_path is None):
@@ -168,6 +211,21 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'promptjobs.db').resolve()}"
+
+    @property
+    def tracing_exporter(self) -> Literal["otlp", "console"] | None:
+        """The span exporter to use, or None when tracing is off."""
+        exporter = self.otel_traces_exporter
+        if exporter is None:
+            return "otlp" if self.otel_exporter_otlp_endpoint else None
+        return None if exporter == "none" else exporter
+
+    @property
+    def otlp_traces_url(self) -> str:
+        endpoint = self.otel_exporter_otlp_endpoint or "http://localhost:4318"
+        if endpoint.rstrip("/").endswith("/v1/traces"):
+            return endpoint
+        return endpoint.rstrip("/") + "/v1/traces"
 
     @property
     def temporal_uses_tls(self) -> bool:
@@ -188,3 +246,15 @@ class Settings(BaseSettings):
             jitter=self.backoff_jitter,
             rate_limit_default_s=self.rate_limit_default_s,
         )
+
+
+class ClientSettings(BaseSettings):
+    """What `promptjobs.client` reads when it is not told (docs/client.md): the caller's
+    environment, not the service's, so no .env file of a server checkout is read."""
+
+    model_config = SettingsConfigDict(env_prefix="PROMPTJOBS_", extra="ignore")
+
+    url: str = "http://127.0.0.1:8000"
+    """Base URL of the promptjobs API."""
+    api_key: SecretStr | None = None
+    """The API key the client sends (`promptjobs keys create`)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry import trace
+
 from activities.adapters.base import AdapterRegistry
 from projections import metrics
 from projections.models import Job
@@ -22,11 +24,13 @@ class JobService:
         adapters: AdapterRegistry,
         *,
         max_attempts_default: int,
+        metrics_org_labels: bool = False,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.adapters = adapters
         self.max_attempts_default = max_attempts_default
+        self.metrics_org_labels = metrics_org_labels
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions now rather than fail the job minutes later."""
@@ -34,8 +38,18 @@ class JobService:
 
     async def submit(self, scope: Scope, submission: Submission) -> Submitted:
         accepted = await self.store.submit(scope, submission)
+        # On the request's span (a no-op span while tracing is off).
+        trace.get_current_span().set_attributes(
+            {
+                "promptjobs.job_id": accepted.job.job_id,
+                "promptjobs.prompt_id": accepted.prompt.prompt_id,
+                "promptjobs.org": scope.org,
+            }
+        )
         if accepted.created:
-            metrics.SUBMISSIONS.labels(org=scope.org).inc()
+            # An empty label is no label to Prometheus: no tenant named unless asked for.
+            org = scope.org if self.metrics_org_labels else ""
+            metrics.SUBMISSIONS.labels(org=org).inc()
             self.dispatcher.kick(accepted.job)
         return accepted
 

@@ -30,6 +30,7 @@ from promptjobs.runtime import (
     temporal_cli,
 )
 from promptjobs.settings import Settings
+from promptjobs.tracing import Tracing
 from workflows import search_attributes
 
 PG_ADMIN_URL = os.environ.get("PROMPTJOBS_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -110,6 +111,8 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "sse_keepalive_s": 1.0,
         "heartbeat_timeout_s": 2.0,
         "shutdown_grace_s": 2.0,
+        # Tests read the queue-depth gauge right after changing it.
+        "metrics_cache_s": 0.0,
     }
     values.update(overrides)
     return Settings(**values)
@@ -129,7 +132,10 @@ async def _truncate(projection: Projection) -> None:
 
     async with projection.engine.begin() as conn:
         await conn.execute(
-            text("TRUNCATE api_keys, responses, job_events, jobs, prompts RESTART IDENTITY CASCADE")
+            text(
+                "TRUNCATE api_keys, responses, job_events, jobs, prompts, workers "
+                "RESTART IDENTITY CASCADE"
+            )
         )
 
 
@@ -225,7 +231,7 @@ class Stack:
 
 @asynccontextmanager
 async def running_stack(
-    settings: Settings, client: Client, *, run_worker: bool = True
+    settings: Settings, client: Client, *, run_worker: bool = True, tracing: Tracing | None = None
 ) -> AsyncIterator[Stack]:
     """API (real HTTP on a free port), dispatcher and, unless told not to, a worker."""
     settings = settings.model_copy(update={"api_port": free_port()})
@@ -241,6 +247,7 @@ async def running_stack(
                 run_worker=run_worker,
                 run_api=True,
                 on_ready=ready.set,
+                tracing=tracing,
             )
         )
         ready_wait = asyncio.create_task(ready.wait())

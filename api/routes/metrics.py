@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.deps import ServicesDep
-from projections import metrics
-from projections.operations import jobs_by_state
+from api.problems import Problem
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics", response_class=Response)
+def token_matches(expected: str | None, presented: str | None) -> bool:
+    """No token configured: open. Otherwise the bearer must match (in constant time)."""
+    if expected is None:
+        return True
+    return presented is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    scheme, _, credentials = (authorization or "").partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
+async def require_metrics_token(
+    services: ServicesDep,
+    # Not the API-key security scheme: open by default, so the document declares no auth.
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> None:
+    if not token_matches(services.metrics_token, bearer_token(authorization)):
+        raise Problem(
+            401,
+            "unauthenticated",
+            "Metrics token required",
+            "send `Authorization: Bearer <PROMPTJOBS_METRICS_TOKEN>`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+@router.get("/metrics", response_class=Response, dependencies=[Depends(require_metrics_token)])
 async def scrape(services: ServicesDep) -> Response:
-    """Prometheus text format. Unauthenticated like /healthz: it carries counts, not content."""
-    metrics.record_queue_depth(await jobs_by_state(services.store.sessions))
+    """Prometheus text format: counts, never content. Open unless `PROMPTJOBS_METRICS_TOKEN`
+    is set; then it takes `Authorization: Bearer <token>` (not an API key)."""
+    await services.queue_depth.refresh()
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

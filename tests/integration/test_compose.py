@@ -9,6 +9,7 @@ against a real Temporal server.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import tomllib
@@ -87,8 +88,14 @@ def test_the_production_shape_is_all_there() -> None:
         "temporal-ui",
         "api",
         "worker",
+        "prometheus",
+        "grafana",
     }
     assert set(OURS) == {"api", "worker"}
+    # Observability is opt-in: `docker compose up` alone starts none of it.
+    optional = {name for name, service in SERVICES.items() if service.get("profiles")}
+    assert optional == {"prometheus", "grafana"}
+    assert all(SERVICES[name]["profiles"] == ["observability"] for name in optional)
     for name, service in SERVICES.items():
         for dependency in service.get("depends_on", {}):
             assert dependency in SERVICES, f"{name} depends on unknown {dependency}"
@@ -288,3 +295,75 @@ async def test_the_setup_one_shot_registers_the_workflows_search_attributes(
         }
     finally:
         await server.shutdown()
+
+
+# -- the observability profile ------------------------------------------------------------
+
+DASHBOARD = ROOT / "deploy/grafana/dashboards/promptjobs.json"
+# What is not a series name in a PromQL expression: grouping, label matchers, ranges.
+PROMQL_NOT_NAMES = re.compile(r"\b(?:by|without)\s*\([^)]*\)|\{[^}]*\}|\[[^\]]*\]")
+PROMQL_FUNCTIONS = {"sum", "rate", "histogram_quantile", "avg", "max", "min", "increase"}
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def our_metric_names() -> set[str]:
+    """Every series name this code exports: our registry's, and the Temporal SDK's worker
+    metrics the worker's port serves (checked against a real scrape in
+    test_worker_observability.py)."""
+    from prometheus_client import REGISTRY
+
+    import projections.metrics
+    from promptjobs.observability import SDK_WORKER_METRICS
+
+    names = {sample.name for family in REGISTRY.collect() for sample in family.samples} | {
+        family.name for family in REGISTRY.collect()
+    }
+    for family in projections.metrics.ALL:
+        names |= {family._name + suffix for suffix in ("", "_total", *HISTOGRAM_SUFFIXES)}
+    for name in SDK_WORKER_METRICS:
+        names |= {name, *(name + suffix for suffix in HISTOGRAM_SUFFIXES)}
+    return names
+
+
+def test_the_dashboard_is_valid_and_queries_only_metrics_we_export() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"] and dashboard["panels"]
+    exported = our_metric_names()
+    titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
+    for wanted in ("state", "submissions", "error", "latency", "backlog", "slots"):
+        assert wanted in titles, f"no panel about {wanted}"
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "prometheus"
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            bare = PROMQL_NOT_NAMES.sub(" ", target["expr"])
+            names = set(re.findall(r"\b[a-z_][a-z0-9_]*\b", bare)) - PROMQL_FUNCTIONS
+            assert names, target["expr"]
+            unknown = names - exported
+            assert not unknown, f"{panel['title']}: {unknown} is not a metric we export"
+
+
+def test_prometheus_scrapes_the_api_every_worker_and_temporal_where_they_listen() -> None:
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    api_port = env("api")["PROMPTJOBS_API_PORT"]
+    assert jobs["promptjobs-api"]["static_configs"][0]["targets"] == [f"api:{api_port}"]
+    # DNS discovery: every container of the scaled worker service.
+    (discovery,) = jobs["promptjobs-worker"]["dns_sd_configs"]
+    assert discovery["names"] == ["worker"]
+    assert str(discovery["port"]) == env("worker")["PROMPTJOBS_WORKER_METRICS_PORT"]
+    assert env("worker")["PROMPTJOBS_WORKER_METRICS_HOST"] == "0.0.0.0"
+    temporal_port = env("temporal")["PROMETHEUS_ENDPOINT"].rsplit(":", 1)[1]
+    assert jobs["temporal"]["static_configs"][0]["targets"] == [f"temporal:{temporal_port}"]
+    datasource = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
+    assert datasource["uid"] == "prometheus"
+    assert urlsplit(datasource["url"]).port in container_ports("prometheus")
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/promptjobs.yml").read_text()
+    )["providers"][0]
+    mounts = [v.split(":")[1] for v in SERVICES["grafana"]["volumes"]]
+    assert f"{provider['options']['path']}/promptjobs.json" in mounts

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import event
+from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import Stack, eventually
+from tests.conftest import Stack, eventually, make_settings, running_stack
 
 FAIL_RATE_LIMITED = {"fake": {"fail": ["rate_limit"], "retry_after_s": 1}}
 
@@ -70,7 +74,7 @@ async def test_metrics_count_submissions_transitions_adapter_calls_and_queue_dep
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert delta("promptjobs_submissions_total", org="acme") == 3
+    assert delta("promptjobs_submissions_total", org="") == 3
     assert delta("promptjobs_job_transitions_total", state="queued", error_kind="") == 3
     assert delta("promptjobs_job_transitions_total", state="running", error_kind="") == 2
     assert delta("promptjobs_job_transitions_total", state="succeeded", error_kind="") == 1
@@ -85,3 +89,55 @@ async def test_metrics_count_submissions_transitions_adapter_calls_and_queue_dep
     await stack.settled(waiting["job_id"])
     cancelled = await _scrape(stack)
     assert cancelled[("promptjobs_jobs", (("state", "queued"),))] == 0
+
+
+async def test_an_open_metrics_endpoint_names_no_org(stack: Stack) -> None:
+    async with stack.as_user(await stack.key("globex-secret-customer", "gus")) as globex:
+        assert (await globex.post("/v1/prompts", json={"prompt": "x"})).status_code == 202
+    await stack.submit("y")
+    async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+        text = (await anonymous.get("/metrics")).text
+    assert "promptjobs_submissions_total" in text
+    assert "globex-secret-customer" not in text and "acme" not in text
+
+
+async def test_metrics_take_the_operator_token_when_one_is_set_and_may_name_orgs(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, metrics_token="s3cret", metrics_org_labels=True)
+    async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        await stack.submit("counted")
+        async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+            refused = await anonymous.get("/metrics")
+            wrong = await anonymous.get("/metrics", headers={"Authorization": "Bearer nope"})
+            # An API key is not the operator's token.
+            as_member = await stack.http.get("/metrics")
+            allowed = await anonymous.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+    for response in (refused, wrong, as_member):
+        assert response.status_code == 401
+        assert response.headers["content-type"] == "application/problem+json"
+        assert "PROMPTJOBS_METRICS_TOKEN" in response.json()["detail"]
+    assert allowed.status_code == 200
+    assert _samples(allowed.text)[("promptjobs_submissions_total", (("org", "acme"),))] >= 1
+
+
+async def test_frequent_scrapes_count_the_jobs_table_once_per_cache_interval(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, metrics_cache_s=60)
+    async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        counts: list[str] = []
+
+        def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if "count(" in statement.lower() and "GROUP BY jobs.state" in statement:
+                counts.append(statement)
+
+        engine = stack.projection.engine.sync_engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+                for _ in range(10):
+                    assert (await anonymous.get("/metrics")).status_code == 200
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+    assert len(counts) == 1

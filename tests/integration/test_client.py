@@ -1,0 +1,253 @@
+"""promptjobs.client against the live API: every call, sync and async, its errors and retries,
+and a stopped API (a clear error, no hang)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from projections.lifecycle import JobState
+from promptjobs.client import (
+    APIConnectionError,
+    APIError,
+    AsyncPromptJobs,
+    PromptJobs,
+    RetryPolicy,
+    WaitTimeout,
+)
+from tests.conftest import Stack, eventually, free_port
+
+QUICK = {"fake": {"latency_ms": 100}}
+
+
+def later() -> datetime:
+    return datetime.now(UTC) + timedelta(minutes=10)
+
+
+async def test_every_sync_client_call_works_against_the_live_api(stack: Stack) -> None:
+    def scenario() -> None:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            job = client.submit("hello client", options=QUICK, priority=10, max_attempts=2)
+            assert job.prompt_id is not None
+            done = job.wait(timeout=30)
+            assert done.state is JobState.SUCCEEDED and done.priority == 10
+            assert [row.state for row in job.events()] == [
+                JobState.QUEUED,
+                JobState.RUNNING,
+                JobState.SUCCEEDED,
+            ]
+            response = job.response()
+            assert response.job_id == job.id and response.text
+            assert client.response(response.response_id) == response
+            assert client.job(job.id).get() == done
+
+            prompt = client.prompt(job.prompt_id)
+            assert prompt.prompt == "hello client" and [j.job_id for j in prompt.jobs] == [job.id]
+
+            again = job.retry()
+            assert again.id != job.id
+            assert again.wait(timeout=30).state is JobState.SUCCEEDED
+            assert job.get().state is JobState.SUPERSEDED
+
+            waiting = client.submit("not yet", scheduled_for=later())
+            assert waiting.cancel().job_id == waiting.id
+            assert waiting.wait(timeout=30).state is JobState.CANCELLED
+            with pytest.raises(APIError) as no_response:
+                waiting.response()
+            assert no_response.value.code == "not_succeeded"
+
+            # One idempotency key, one job; none given, a new job each time.
+            first = client.submit("once", idempotency_key="order-42")
+            assert client.submit("once", idempotency_key="order-42").id == first.id
+            assert client.submit("once").id != client.submit("once").id
+
+            pages = list(client.changes("0", limit=2))
+            assert all(len(page.jobs) <= 2 for page in pages) and len(pages) > 1
+            changed = {row.job_id for page in pages for row in page.jobs}
+            assert {job.id, again.id, waiting.id, first.id} <= changed
+            assert list(client.changes(pages[-1].next_cursor)) == []
+            settled = [row.job_id for p in client.changes("0", state=JobState.CANCELLED)
+                       for row in p.jobs]  # fmt: skip
+            assert settled == [waiting.id]
+
+            listed = [p.prompt_id for p in client.prompts(page_size=2)]
+            assert len(listed) == len(set(listed)) >= 5 and listed[-1] == job.prompt_id
+
+            events = client.events("0", job_id=waiting.id)
+            first_event = next(events)
+            assert first_event.type == "job.state_changed" and first_event.job.job_id == waiting.id
+            events.close()
+
+    await asyncio.to_thread(scenario)
+
+
+async def test_client_errors_carry_the_problem_details(stack: Stack) -> None:
+    def scenario() -> None:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            with pytest.raises(APIError) as missing:
+                client.get_job("job_0000")
+            assert (missing.value.status, missing.value.code) == (404, "not_found")
+            assert "job_0000" in missing.value.detail
+            assert missing.value.problem is not None
+            with pytest.raises(APIError) as invalid:
+                client.submit("x", options={"provider": "nobody"})
+            assert (invalid.value.status, invalid.value.code) == (422, "invalid_options")
+            settled = client.submit("quick", options=QUICK)
+            settled.wait(timeout=30)
+            with pytest.raises(APIError) as conflict:
+                settled.cancel()
+            assert (conflict.value.status, conflict.value.code) == (409, "invalid_state")
+            # Refused before it is sent, with the API's own validation.
+            with pytest.raises(ValueError, match="priority"):
+                client.submit("x", priority=500)
+        with PromptJobs(stack.base_url, "pj_nobody_secret") as stranger:
+            with pytest.raises(APIError) as unauthenticated:
+                stranger.get_job("job_0000")
+            assert unauthenticated.value.code == "invalid_api_key"
+
+    await asyncio.to_thread(scenario)
+
+
+async def test_a_wait_that_runs_out_says_so(stack: Stack) -> None:
+    def scenario() -> WaitTimeout:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            job = client.submit("not yet", scheduled_for=later())
+            started = time.monotonic()
+            with pytest.raises(WaitTimeout) as timed_out:
+                job.wait(timeout=1.5)
+            assert time.monotonic() - started < 10
+            job.cancel()
+            return timed_out.value
+
+    timed_out = await asyncio.to_thread(scenario)
+    assert timed_out.last is not None and timed_out.last.state is JobState.QUEUED
+
+
+async def test_every_async_client_call_works_against_the_live_api(stack: Stack) -> None:
+    async with AsyncPromptJobs(stack.base_url, stack.api_key) as client:
+        job = await client.submit("hello async", options=QUICK)
+        done = await job.wait(timeout=30)
+        assert done.state is JobState.SUCCEEDED
+        assert [row.state async for row in job.events()][-1] is JobState.SUCCEEDED
+        assert (await job.response()).job_id == job.id
+        assert (await client.prompt(done.prompt_id)).jobs[0].job_id == job.id
+        assert (await client.job(job.id).get()) == done
+        again = await job.retry()
+        assert (await again.wait(timeout=30)).state is JobState.SUCCEEDED
+        waiting = await client.submit("not yet", scheduled_for=later())
+        await waiting.cancel()
+        assert (await waiting.wait(timeout=30)).state is JobState.CANCELLED
+        with pytest.raises(WaitTimeout):
+            await (await client.submit("later", scheduled_for=later())).wait(timeout=1)
+        changed = [row.job_id async for page in client.changes("0") for row in page.jobs]
+        assert {job.id, again.id, waiting.id} <= set(changed)
+        listed = [p.prompt_id async for p in client.prompts(page_size=1)]
+        assert job.prompt_id in listed
+        assert (await client.response(done.response_id or "")).job_id == job.id
+        with pytest.raises(APIError) as missing:
+            await client.get_job("job_0000")
+        assert missing.value.status == 404
+
+
+async def test_a_stopped_api_is_a_clear_error_not_a_hang() -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    quick = RetryPolicy(max_retries=2, initial_s=0.1)
+
+    def sync_calls() -> list[str]:
+        messages = []
+        with PromptJobs(nowhere, "pj_any_key", retry=quick) as client:
+            for call in (
+                lambda: client.submit("hello"),
+                lambda: client.job("job_1").wait(timeout=60),
+                lambda: list(client.changes()),
+            ):
+                started = time.monotonic()
+                with pytest.raises(APIConnectionError) as unreachable:
+                    call()
+                assert time.monotonic() - started < 10
+                messages.append(str(unreachable.value))
+        return messages
+
+    for message in await asyncio.to_thread(sync_calls):
+        assert nowhere in message and "is it running" in message
+    async with AsyncPromptJobs(nowhere, "pj_any_key", retry=quick) as client:
+        with pytest.raises(APIConnectionError):
+            await asyncio.wait_for(client.job("job_1").wait(timeout=60), 10)
+
+
+# -- 429 and 503 retried, honouring Retry-After ----------------------------------------------
+
+
+class Refusing:
+    """A reverse proxy in front of the live API that first refuses `refusals` requests."""
+
+    def __init__(self, upstream: str, refusals: list[tuple[int, str]]) -> None:
+        self.upstream = upstream
+        self.refusals = refusals
+        self.seen: list[float] = []
+
+    async def handle(self, request: Request) -> Response:
+        self.seen.append(time.monotonic())
+        if self.refusals:
+            status, retry_after = self.refusals.pop(0)
+            return Response(
+                b'{"type":"/problems/busy","title":"Busy","status":%d,"detail":"later",'
+                b'"code":"busy"}' % status,
+                status_code=status,
+                media_type="application/problem+json",
+                headers={"Retry-After": retry_after},
+            )
+        async with httpx.AsyncClient(base_url=self.upstream) as upstream:
+            answer = await upstream.request(
+                request.method,
+                request.url.path,
+                params=request.query_params,
+                headers={k: v for k, v in request.headers.items() if k != "host"},
+                content=await request.body(),
+            )
+        return Response(answer.content, answer.status_code, dict(answer.headers))
+
+
+@asynccontextmanager
+async def serve(app: Starlette) -> AsyncIterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    await eventually(lambda: asyncio.sleep(0, server.started), bool, timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def test_429_and_503_are_retried_after_the_servers_retry_after(stack: Stack) -> None:
+    proxy = Refusing(stack.base_url, [(429, "1"), (503, "0")])
+    app = Starlette(routes=[Route("/{path:path}", proxy.handle, methods=["GET", "POST"])])
+    async with serve(app) as url:
+
+        def submit() -> str:
+            with PromptJobs(url, stack.api_key) as client:
+                return client.submit("after a refusal").id
+
+        job_id = await asyncio.to_thread(submit)
+        assert (await stack.job(job_id))["state"] in {s.value for s in JobState}
+        assert len(proxy.seen) == 3
+        assert proxy.seen[1] - proxy.seen[0] >= 0.9  # Retry-After: 1 was honoured
+
+        proxy.refusals = [(503, "120")]  # longer than the policy waits: raised at once
+        async with AsyncPromptJobs(url, stack.api_key) as client:
+            with pytest.raises(APIError) as busy:
+                await asyncio.wait_for(client.get_job(job_id), 5)
+        assert (busy.value.status, busy.value.code) == (503, "busy")
