@@ -43,11 +43,19 @@ class OwnPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _pg_ctl(self, *args: str) -> None:
-        subprocess.run(
+        done = subprocess.run(
             _as_postgres(str(self.bindir / "pg_ctl"), "-D", str(self.data), *args),
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if done.returncode != 0:
+            log = self.data / "server.log"
+            raise subprocess.CalledProcessError(
+                done.returncode,
+                done.args,
+                done.stdout,
+                f"{done.stderr}\n{log.read_text() if log.exists() else ''}",
+            )
 
     def start(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories="
