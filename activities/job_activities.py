@@ -7,10 +7,11 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from opentelemetry import trace
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -36,6 +37,7 @@ from activities.errors import AdapterError
 from projections import metrics
 from projections.chain_store import check_parents, parent_answers, waiting_children
 from projections.chains import substitute
+from projections.errors import database_unavailable
 from projections.ids import response_id_for
 from projections.lifecycle import (
     AttemptResult,
@@ -50,6 +52,41 @@ from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
 
 TRACER = trace.get_tracer("promptjobs.activities")
+
+T = TypeVar("T")
+
+# How an attempt waits for the projection database to come back: growing, jittered pauses.
+OUTAGE_FIRST_WAIT_S = 0.5
+OUTAGE_MAX_WAIT_S = 5.0
+
+
+async def through_outages(what: str, write: Callable[[], Awaitable[T]]) -> T:
+    """Run a projection write (or read), waiting out a database outage however long it lasts.
+
+    The database being unreachable is not the job's failure: raised out of the activity it
+    would spend one of the job's attempts (Temporal retries by attempt) and, once they were
+    spent, decide its outcome. So the attempt waits here instead, heartbeating all along (the
+    caller's `heartbeating`), until the write lands or the job's ceiling cancels the attempt
+    (the workflow then fails it as `stuck`, which a settle activity records once the
+    database is back: those retry without limit)."""
+    wait_s = OUTAGE_FIRST_WAIT_S
+    failures = 0
+    while True:
+        try:
+            return await write()
+        except Exception as err:
+            if not database_unavailable(err):
+                raise
+            failures += 1
+            if failures == 1 or failures % 20 == 0:
+                activity.logger.warning(
+                    "projection database unavailable (%s, try %d), waiting: %s",
+                    what,
+                    failures,
+                    err.__class__.__name__,
+                )
+        await asyncio.sleep(wait_s * (0.5 + random.random()))
+        wait_s = min(OUTAGE_MAX_WAIT_S, wait_s * 2)
 
 
 def worker_identity() -> str:
@@ -113,7 +150,10 @@ class JobActivities:
             return await self._attempt(call, activity.info().attempt)
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
-        started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
+        started = await through_outages(
+            "start attempt",
+            lambda: self.projector.start_attempt(call.job_id, attempt, self.worker),
+        )
         if started.state is JobState.SUCCEEDED and call.settle_success:
             # An earlier attempt settled the job, but Temporal never heard it complete (its
             # worker died after the commit): hand back that settlement, change nothing.
@@ -238,20 +278,22 @@ class JobActivities:
         # it; one not yet sent is dropped.
         await running.done()
         next_at = datetime.now(UTC) + timedelta(seconds=step.delay_s)
-        await self.projector.apply(
-            Transition(
-                call.job_id,
-                JobState.QUEUED,
-                attempt,
-                error_kind=err.kind,
-                error_message=err.message,
-                next_attempt_at=next_at,
-            )
+        requeue = Transition(
+            call.job_id,
+            JobState.QUEUED,
+            attempt,
+            error_kind=err.kind,
+            error_message=err.message,
+            next_attempt_at=next_at,
         )
+        await through_outages("re-queue", lambda: self.projector.apply(requeue))
         await report_to_workflow(AttemptReport(JobState.QUEUED, attempt, err.kind))
         return adapter_failure(err.message, err.kind, delay=timedelta(seconds=step.delay_s))
 
     async def _load(self, job_id: str) -> tuple[Job, Prompt]:
+        return await through_outages("load job", lambda: self._read(job_id))
+
+    async def _read(self, job_id: str) -> tuple[Job, Prompt]:
         async with self.sessions() as session:
             job = await session.get(Job, job_id)
             assert job is not None, job_id
@@ -277,7 +319,10 @@ class JobActivities:
         self, job_id: str, prompt_id: str, outcome: AdapterOutcome
     ) -> SettleResult:
         response_id = response_id_for(prompt_id, outcome.provider_request_id, job_id)
-        result = await self.projector.succeed(job_id, outcome.attempt, response_id, outcome)
+        result = await through_outages(
+            "settle success",
+            lambda: self.projector.succeed(job_id, outcome.attempt, response_id, outcome),
+        )
         kept = result.state is JobState.SUCCEEDED
         if kept:
             await wake_children(self.sessions, prompt_id)

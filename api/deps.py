@@ -40,8 +40,27 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 bearer = HTTPBearer(auto_error=False, description="An API key from `promptjobs keys create`")
 
 
-async def _authenticate(services: Services, token: str | None) -> Scope:
+# Longer than any key `promptjobs keys create` makes; a token past it is not looked up.
+MAX_TOKEN_CHARS = 200
+
+
+def _well_formed(token: str) -> bool:
+    """A key is printable ASCII: anything else (a NUL byte, which PostgreSQL refuses with an
+    error) is refused before it reaches the database."""
+    return len(token) <= MAX_TOKEN_CHARS and token.isascii() and token.isprintable()
+
+
+async def _authenticate(
+    services: Services, token: str | None, request: Request | None = None
+) -> Scope:
     challenge = {"WWW-Authenticate": "Bearer"}
+    if request is not None and len(request.headers.getlist("authorization")) > 1:
+        raise Problem(
+            400,
+            "ambiguous_credentials",
+            "More than one Authorization header",
+            "send exactly one `Authorization: Bearer <key>` header",
+        )
     if token is None:
         raise Problem(
             401,
@@ -50,7 +69,11 @@ async def _authenticate(services: Services, token: str | None) -> Scope:
             "send `Authorization: Bearer <key>`; create a key with `promptjobs keys create`",
             headers=challenge,
         )
-    scope = await services.keys.authenticate(services.store.sessions, token)
+    scope = (
+        await services.keys.authenticate(services.store.sessions, token)
+        if _well_formed(token)
+        else None
+    )
     if scope is None:
         raise Problem(
             401,
@@ -63,10 +86,12 @@ async def _authenticate(services: Services, token: str | None) -> Scope:
 
 
 async def get_caller(
+    request: Request,
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Scope:
-    return await _authenticate(services, credentials.credentials if credentials else None)
+    token = credentials.credentials if credentials else None
+    return await _authenticate(services, token, request)
 
 
 @dataclass(frozen=True)
@@ -79,6 +104,7 @@ class Streamer:
 
 
 async def get_stream_caller(
+    request: Request,
     services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     access_token: Annotated[
@@ -92,7 +118,7 @@ async def get_stream_caller(
     """For GET /v1/events only: a key in the URL can end up in logs and history, so no other
     route accepts one."""
     token = credentials.credentials if credentials else access_token
-    scope = await _authenticate(services, token)
+    scope = await _authenticate(services, token, request)
     assert token is not None
     key_id = key_id_of(token)
     assert key_id is not None  # authenticated, so well formed

@@ -11,10 +11,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
-from projections.errors import IdempotencyConflict, InvalidState, NotFound
+from projections.errors import (
+    IdempotencyConflict,
+    InvalidState,
+    NotFound,
+    database_unavailable,
+)
 
 log = logging.getLogger("promptjobs.api")
 
@@ -99,6 +105,23 @@ def domain_problem(err: NotFound | InvalidState | IdempotencyConflict | InvalidO
         "Invalid options",
         str(err),
         errors=[FieldError(field="body.options", message=str(err))],
+    )
+
+
+# How long a client is asked to wait while the projection database is unreachable: outages
+# this service rides out (a failover, a restart) last seconds.
+UNAVAILABLE_RETRY_AFTER_S = 2
+
+
+def unavailable_problem() -> Problem:
+    return Problem(
+        503,
+        "unavailable",
+        "Temporarily unavailable",
+        "the job database cannot be reached right now; nothing you sent before was lost. "
+        f"Retry in {UNAVAILABLE_RETRY_AFTER_S} s (with the same Idempotency-Key, if you sent "
+        "one)",
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
     )
 
 
@@ -190,6 +213,13 @@ def install(app: FastAPI) -> None:
             ),
             request,
         )
+
+    @app.exception_handler(DBAPIError)
+    async def _database(request: Request, exc: DBAPIError) -> JSONResponse:
+        if not database_unavailable(exc):
+            return await _internal(request, exc)
+        log.warning("projection database unavailable: %s", exc.__class__.__name__)
+        return problem_response(unavailable_problem(), request)
 
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:

@@ -68,17 +68,19 @@ def is_sqlite(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def create_engine(url: str, *, pool_size: int = 10, busy_timeout_s: float = 30.0) -> AsyncEngine:
     if make_url(url).get_backend_name() == "sqlite":
-        engine = create_async_engine(async_url(url), connect_args={"timeout": 30})
-        _make_sqlite_transactional(engine.sync_engine)
+        engine = create_async_engine(async_url(url), connect_args={"timeout": busy_timeout_s})
+        _make_sqlite_transactional(engine.sync_engine, busy_timeout_s=busy_timeout_s)
         return engine
     return create_async_engine(
         async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
     )
 
 
-def _make_sqlite_transactional(engine: Engine, *, always_write: bool = False) -> None:
+def _make_sqlite_transactional(
+    engine: Engine, *, always_write: bool = False, busy_timeout_s: float = 30.0
+) -> None:
     """WAL for concurrent readers; BEGIN IMMEDIATE so two writers queue instead of deadlocking.
 
     pysqlite's own transaction handling begins lazily and cannot upgrade a read lock safely,
@@ -94,7 +96,7 @@ def _make_sqlite_transactional(engine: Engine, *, always_write: bool = False) ->
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 

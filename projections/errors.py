@@ -3,7 +3,18 @@
 
 from __future__ import annotations
 
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
 from projections.lifecycle import JobState
+
+
+def database_unavailable(err: BaseException) -> bool:
+    """The projection database could not be reached or is locked (PostgreSQL down or
+    restarting, a dropped connection, SQLite busy past its timeout): an outage of the
+    infrastructure, to wait out and retry, never a verdict on the job or request at hand."""
+    if isinstance(err, OperationalError | InterfaceError):
+        return True
+    return isinstance(err, DBAPIError) and err.connection_invalidated
 
 
 class NotFound(LookupError):

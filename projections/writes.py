@@ -174,13 +174,18 @@ class JobWrites:
                 return None
             if prompt.request_hash != fingerprint:
                 raise IdempotencyConflict(key)
+            # The original job, or, once archive removed it (a superseded job can go while
+            # its prompt stays), the prompt's current one: the replay names the prompt's work.
             job = (
                 await session.execute(
                     select(Job)
-                    .where(Job.prompt_id == prompt.prompt_id, Job.supersedes.is_(None))
+                    .where(Job.prompt_id == prompt.prompt_id)
+                    .order_by(Job.supersedes.is_not(None), Job.created_at.desc())
                     .limit(1)
                 )
-            ).scalar_one()
+            ).scalar_one_or_none()
+            if job is None:
+                return None  # the archive is removing the prompt right now: submit anew
             return Submitted(prompt, job, created=False)
 
     @staticmethod

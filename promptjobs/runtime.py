@@ -62,7 +62,11 @@ async def open_projection(
     url = settings.projection_url
     if run_migrations:
         await asyncio.to_thread(migrate, url)
-    engine = create_engine(url, pool_size=settings.database_pool_size)
+    engine = create_engine(
+        url,
+        pool_size=settings.database_pool_size,
+        busy_timeout_s=settings.sqlite_busy_timeout_s,
+    )
     sessions = session_factory(engine)
     feed = ChangeFeed(
         max_streams=settings.sse_max_streams,

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     )
     database_pool_size: int = Field(default=10, ge=1)
     """Connections each process keeps open to PostgreSQL (as many again may overflow)."""
+    sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a SQLite write waits for another writer's lock before the database counts as
+    unavailable (the API answers `503`; a job's attempt waits and tries again)."""
 
     temporal_address: str = "127.0.0.1:7233"
     """Temporal frontend `host:port`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from projections.operations import archive
 from tests.conftest import Stack, free_port, make_settings, running_stack
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
@@ -58,6 +60,30 @@ async def test_same_idempotency_key_and_body_returns_the_original_job(stack: Sta
     assert again.headers["location"] == first.headers["location"]
     listing = (await stack.http.get("/v1/jobs", params={"since": "0"})).json()
     assert [job["job_id"] for job in listing["jobs"]] == [first.json()["job_id"]], listing
+
+
+async def test_idempotent_replay_after_archive_of_the_original_answers_the_current_job(
+    stack: Stack,
+) -> None:
+    body = {"prompt": "archived original", "options": {"fake": {"latency_ms": 1}}}
+    headers = {"Idempotency-Key": "order-43"}
+    first = (await stack.http.post("/v1/prompts", json=body, headers=headers)).json()
+    await stack.settled(first["job_id"])
+    retried = await stack.http.post(f"/v1/jobs/{first['job_id']}/retry")
+    assert retried.status_code == 202, retried.text
+    current = await stack.settled(retried.json()["job_id"])
+    # The superseded original finished before its retry was created; the prompt stays.
+    archived = await archive(
+        stack.projection.sessions, before=datetime.fromisoformat(current["created_at"])
+    )
+    assert archived.jobs == 1 and archived.prompts == 0
+
+    again = await stack.http.post("/v1/prompts", json=body, headers=headers)
+
+    assert again.status_code == 202, again.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["job_id"] == current["job_id"]
+    assert again.json()["prompt_id"] == first["prompt_id"]
 
 
 async def test_concurrent_retries_with_one_key_make_one_job(stack: Stack) -> None:

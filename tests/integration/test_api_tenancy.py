@@ -134,3 +134,23 @@ async def test_member_sees_own_prompts_admin_sees_and_acts_on_the_whole_org(stac
         assert history["author"] == "bob"
         assert (await bob.get(f"/v1/jobs/{new_job['job_id']}")).status_code == 200
         _assert_not_found(await alice.get(f"/v1/jobs/{new_job['job_id']}"))
+
+
+async def test_two_authorization_headers_are_refused_with_400(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+        response = await anonymous.get(
+            "/v1/jobs",
+            headers=[
+                ("Authorization", f"Bearer {stack.api_key}"),
+                ("Authorization", "Bearer someone-elses-key"),
+            ],
+        )
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == "ambiguous_credentials"
+
+
+async def test_nul_byte_in_a_key_is_an_invalid_key_not_a_server_error(stack: Stack) -> None:
+    async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+        streamed = await anonymous.get("/v1/events", params={"access_token": "pj_\x00nul"})
+    assert streamed.status_code == 401, (streamed.status_code, streamed.text)
+    assert streamed.json()["code"] == "invalid_api_key"
