@@ -94,7 +94,7 @@ class JobActivities:
         # write may wait on the event-log lock for longer than the heartbeat timeout, and a
         # silent attempt would be taken for a dead worker.
         async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
-            return await self._attempt(call, activity.info().attempt)
+            return await self._attempt(call, call.attempt_offset + activity.info().attempt)
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         started = await self.projector.start_attempt(call.job_id, attempt, self.worker)
@@ -104,7 +104,12 @@ class JobActivities:
             return await self._settlement(call.job_id, started.attempt)
         if started.state.is_terminal:
             raise ApplicationError(
-                f"job is already {started.state.value}", type=JOB_CLOSED, non_retryable=True
+                f"job is already {started.state.value}",
+                started.state.value,
+                started.error_kind,
+                started.error_message,
+                type=JOB_CLOSED,
+                non_retryable=True,
             )
         async with DelayedReport(
             AttemptReport(JobState.RUNNING.value, attempt), self.report_running_after_s
@@ -257,7 +262,13 @@ class JobActivities:
                 error_message=settle.error_message,
             )
         )
-        return SettleResult(result.applied, result.state.value)
+        return SettleResult(
+            result.applied,
+            result.state.value,
+            attempt=result.attempt,
+            error_kind=result.error_kind,
+            error_message=result.error_message,
+        )
 
 
 class DelayedReport:

@@ -60,6 +60,8 @@ class Applied:
     state: JobState
     attempt: int
     event_ids: list[int] = field(default_factory=list)
+    error_kind: str | None = None
+    error_message: str | None = None
 
 
 def job_row(job: Job) -> dict[str, Any]:
@@ -272,7 +274,7 @@ async def apply_in(
     """Apply `t` to a row already locked in `session`; the caller's transaction commits it."""
     now = now or utcnow()
     if not _accepts(job, t):
-        return Applied(False, job.state, job.attempt)
+        return Applied(False, job.state, job.attempt, [], job.error_kind, job.error_message)
     _apply(job, t, now)
     event_id = await append_event(session, job, now)
-    return Applied(True, job.state, job.attempt, [event_id])
+    return Applied(True, job.state, job.attempt, [event_id], job.error_kind, job.error_message)

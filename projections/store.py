@@ -245,8 +245,9 @@ class JobStore:
         return new
 
     async def request_cancel(self, scope: Scope, job_id: str) -> tuple[Job, bool]:
-        """Record a cancel request. A job no workflow has been started for is cancelled here and
-        now (nothing else could); otherwise the workflow decides, and the flag says so."""
+        """Record a cancel request. A queued job with no workflow start recorded is cancelled
+        here and now (no attempt can be running); otherwise the workflow decides, and the
+        flag says so."""
         if not _plausible(job_id):
             raise NotFound(job_id)
         async with transaction(self.sessions) as session:
@@ -257,7 +258,11 @@ class JobStore:
             if not job.state.is_cancelable():
                 raise InvalidState(job, "cancel")
             job.cancel_requested_at = job.cancel_requested_at or now
-            if job.dispatched_at is None:
+            # Queued with no start recorded: no attempt is in flight, and any attempt a start
+            # still on its way runs will find the job closed and not call the provider; the
+            # dispatcher delivers the cancel to that workflow once it records the start
+            # (mark_dispatched). A running job has a workflow, recorded or not: it decides.
+            if job.dispatched_at is None and job.state is JobState.QUEUED:
                 await apply_in(session, job, Transition(job_id, JobState.CANCELLED), now)
                 needs_workflow = False
             else:
@@ -265,24 +270,23 @@ class JobStore:
         self._notify()
         return job, needs_workflow
 
-    async def mark_dispatched(self, job_id: str) -> None:
-        """Note that the job's workflow is started. A burst of starts shares transactions
-        (GroupCommit) with each other and with the submits."""
+    async def mark_dispatched(self, job_id: str) -> bool:
+        """Note that the job's workflow is started; True if a cancel was requested meanwhile,
+        which the caller must now deliver to the workflow. A burst of starts shares
+        transactions (GroupCommit) with each other and with the submits."""
 
-        async def write(session: AsyncSession) -> None:
+        async def write(session: AsyncSession) -> bool:
             await session.execute(
                 update(Job)
                 .where(Job.job_id == job_id, Job.dispatched_at.is_(None))
                 .values(dispatched_at=utcnow())
             )
-
-        await self.projector.writes.run(write)
-
-    async def mark_undispatched(self, job_id: str) -> None:
-        async with transaction(self.sessions) as session:
-            await session.execute(
-                update(Job).where(Job.job_id == job_id).values(dispatched_at=None)
+            requested = await session.execute(
+                select(Job.cancel_requested_at).where(Job.job_id == job_id)
             )
+            return requested.scalar_one_or_none() is not None
+
+        return await self.projector.writes.run(write)
 
     async def cancel_delivered(self, job_id: str) -> None:
         async with transaction(self.sessions) as session:
@@ -411,42 +415,57 @@ class JobStore:
 
     # -- the dispatcher's scans ---------------------------------------------------------
 
-    async def undispatched(self, limit: int = 200) -> list[Job]:
-        async with self.sessions() as session:
-            stmt = (
-                select(Job)
-                .where(Job.dispatched_at.is_(None), Job.state == JobState.QUEUED)
-                .order_by(Job.created_at)
-                .limit(limit)
-            )
-            return list((await session.execute(stmt)).scalars())
+    async def undispatched(self, limit: int = 200, after: Job | None = None) -> list[Job]:
+        """Jobs whose workflow start is not recorded, oldest first; `after` is the last job
+        of the previous page. Running ones too: a start may have reached Temporal (an
+        attempt runs) without its record, and a second start of the same id is harmless."""
+        stmt = select(Job).where(
+            Job.dispatched_at.is_(None), Job.state.in_([JobState.QUEUED, JobState.RUNNING])
+        )
+        return await self._page(
+            stmt, Job.created_at, limit, after.created_at if after else None, after
+        )
 
-    async def pending_cancels(self, limit: int = 200) -> list[Job]:
-        async with self.sessions() as session:
-            stmt = (
-                select(Job)
-                .where(
-                    Job.cancel_requested_at.is_not(None),
-                    Job.dispatched_at.is_not(None),
-                    Job.state.in_([JobState.QUEUED, JobState.RUNNING]),
-                )
-                .limit(limit)
-            )
-            return list((await session.execute(stmt)).scalars())
+    async def pending_cancels(self, limit: int = 200, after: Job | None = None) -> list[Job]:
+        """Cancel requests not yet delivered to a started workflow. A cancelled row too: the
+        API cancelled it before its start was recorded, and the workflow must hear it."""
+        stmt = select(Job).where(
+            Job.cancel_requested_at.is_not(None),
+            Job.dispatched_at.is_not(None),
+            Job.state.in_([JobState.QUEUED, JobState.RUNNING, JobState.CANCELLED]),
+        )
+        return await self._page(
+            stmt, Job.created_at, limit, after.created_at if after else None, after
+        )
 
-    async def unsettled_before(self, before: datetime, limit: int = 200) -> list[Job]:
-        async with self.sessions() as session:
-            stmt = (
-                select(Job)
-                .where(
-                    Job.dispatched_at.is_not(None),
-                    Job.state.in_([JobState.QUEUED, JobState.RUNNING]),
-                    Job.updated_at < before,
-                )
-                .order_by(Job.updated_at)
-                .limit(limit)
+    async def unsettled_before(
+        self, before: datetime, limit: int = 200, after: Job | None = None
+    ) -> list[Job]:
+        stmt = select(Job).where(
+            Job.dispatched_at.is_not(None),
+            Job.state.in_([JobState.QUEUED, JobState.RUNNING]),
+            Job.updated_at < before,
+        )
+        return await self._page(
+            stmt, Job.updated_at, limit, after.updated_at if after else None, after
+        )
+
+    async def _page(
+        self,
+        stmt: Select[Any],
+        key: Any,
+        limit: int,
+        after_key: datetime | None,
+        after: Job | None,
+    ) -> list[Job]:
+        """One page of a scan in (`key`, job id) order, after the previous page's last job."""
+        if after is not None and after_key is not None:
+            stmt = stmt.where(
+                or_(key > after_key, and_(key == after_key, Job.job_id > after.job_id))
             )
-            return list((await session.execute(stmt)).scalars())
+        async with self.sessions() as session:
+            page = stmt.order_by(key, Job.job_id).limit(limit)
+            return list((await session.execute(page)).scalars())
 
 
 def changed_since_query(

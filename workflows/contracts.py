@@ -24,6 +24,9 @@ class PromptJobInput:
     attempt_timeout_s: float = 300.0
     # A worker silent for this long is presumed dead and the attempt runs elsewhere.
     heartbeat_timeout_s: float = 10.0
+    # Attempts an earlier workflow of this job already made (the reconciler restarts a lost
+    # workflow): this one continues the count, so its first attempt is `attempts_before + 1`.
+    attempts_before: int = 0
 
 
 @dataclass
@@ -32,3 +35,4 @@ class PromptJobResult:
     state: str
     response_id: str | None = None
     error_kind: str | None = None
+    error_message: str | None = None
