@@ -359,7 +359,9 @@ class Dispatcher:
     def _past_ceiling(self, job: Job) -> bool:
         """The job could have run for longer than its hard ceiling (plus the grace) and has
         not settled: no worker is there to end it (none at all, or none keeping up)."""
-        start = max(job.created_at, job.scheduled_for or job.created_at)
+        # From when Temporal had it (a start delayed by an outage does not age the job) or
+        # its scheduled time, whichever is later.
+        start = max(job.dispatched_at or job.created_at, job.scheduled_for or job.created_at)
         limit = timedelta(seconds=self.ceiling_s + self.reconcile_grace_s)
         return datetime.now(UTC) > start + limit
 
