@@ -21,6 +21,9 @@ class AdapterCall:
     # instead of leaving it to finalize_success. Set by workflows started since the patch
     # `settle-success-in-call`; older histories call finalize_success.
     settle_success: bool = False
+    # Attempts an earlier workflow of the job made (PromptJobInput.attempts_before): Temporal
+    # counts this workflow's attempts from 1, the job's count continues from here.
+    attempt_offset: int = 0
 
 
 @dataclass
@@ -28,6 +31,10 @@ class SettleResult:
     applied: bool
     state: JobState
     response_id: str | None = None
+    # The row as it now stands (older activities did not return these).
+    attempt: int | None = None
+    error_kind: ErrorKind | None = None
+    error_message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,8 @@ class ParentsCheck:
 
 
 # The ApplicationError type an attempt raises when the job is already settled (cancelled
-# before it started): nothing to run, nothing to retry.
+# before it started, failed `stuck` by the reconciler): nothing to run, nothing to retry.
+# Its details are the row's state, error kind and error message.
 JOB_CLOSED = "job_closed"
 
 # The signal an attempt sends to its workflow (PromptJobWorkflow.attempt_reported).

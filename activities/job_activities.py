@@ -147,7 +147,7 @@ class JobActivities:
         # write may wait on the event-log lock for longer than the heartbeat timeout, and a
         # silent attempt would be taken for a dead worker.
         async with heartbeating(max(0.2, timeout.total_seconds() / 4)):
-            return await self._attempt(call, activity.info().attempt)
+            return await self._attempt(call, call.attempt_offset + activity.info().attempt)
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         started = await through_outages(
@@ -162,6 +162,8 @@ class JobActivities:
             raise ApplicationError(
                 f"job is already {started.state.value}",
                 started.state.value,
+                started.error_kind,
+                started.error_message,
                 type=JOB_CLOSED,
                 non_retryable=True,
             )
@@ -344,7 +346,13 @@ class JobActivities:
                 error_message=settle.error_message,
             )
         )
-        return SettleResult(result.applied, result.state)
+        return SettleResult(
+            result.applied,
+            result.state,
+            attempt=result.attempt,
+            error_kind=result.error_kind,
+            error_message=result.error_message,
+        )
 
 
 class DelayedReport:

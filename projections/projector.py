@@ -69,6 +69,8 @@ class Applied:
     state: JobState
     attempt: int
     event_ids: list[int] = field(default_factory=list)
+    error_kind: ErrorKind | None = None
+    error_message: str | None = None
 
 
 def job_of(row: Row[Any]) -> Job:
@@ -203,11 +205,13 @@ def _refused(tx: WriteTx, job_id: str) -> Applied:
     job = current(tx, job_id)
     if job is None:
         raise LookupError(f"no job {job_id}")
-    return Applied(False, job.state, job.attempt)
+    return Applied(False, job.state, job.attempt, [], job.error_kind, job.error_message)
 
 
 def _applied(job: Job) -> Applied:
-    return Applied(True, job.state, job.attempt, [job.last_event_id])
+    return Applied(
+        True, job.state, job.attempt, [job.last_event_id], job.error_kind, job.error_message
+    )
 
 
 class Projector:
@@ -250,7 +254,9 @@ class Projector:
             if seen is None:
                 raise LookupError(f"no job {job_id}")
             if not (seen.state is JobState.RUNNING and seen.attempt < attempt):
-                return Applied(False, seen.state, seen.attempt)
+                return Applied(
+                    False, seen.state, seen.attempt, [], seen.error_kind, seen.error_message
+                )
             crashed = Transition(
                 job_id,
                 JobState.QUEUED,

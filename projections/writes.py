@@ -258,8 +258,9 @@ class JobWrites:
         return new
 
     async def request_cancel(self, scope: Scope, job_id: str) -> tuple[Job, bool]:
-        """Record a cancel request. A job no workflow has been started for is cancelled here and
-        now (nothing else could); otherwise the workflow decides, and the flag says so."""
+        """Record a cancel request. A queued job with no workflow start recorded is cancelled
+        here and now (no attempt can be running); otherwise the workflow decides, and the
+        flag says so."""
         if not plausible(job_id):
             raise NotFound("job", job_id)
 
@@ -276,7 +277,11 @@ class JobWrites:
                 .values(cancel_requested_at=func.coalesce(JOBS.c.cancel_requested_at, now))
             )
             job.cancel_requested_at = job.cancel_requested_at or now
-            if job.dispatched_at is not None:
+            # Queued with no start recorded: no attempt is in flight, and any attempt a start
+            # still on its way runs will find the job closed and not call the provider; the
+            # dispatcher delivers the cancel to that workflow once it records the start
+            # (mark_dispatched). A running job has a workflow, recorded or not: it decides.
+            if job.dispatched_at is not None or job.state is not JobState.QUEUED:
                 return job, True
             cancelled = transition(tx, Transition(job_id, JobState.CANCELLED), now)
             return cancelled or job, False
@@ -285,13 +290,23 @@ class JobWrites:
         self._notify()
         return job, needs_workflow
 
-    async def mark_dispatched(self, job_id: str) -> None:
-        """Note that the job's workflow is started. A burst of starts shares transactions
-        (GroupCommit) with each other and with the submits."""
-        await self._set(job_id, dispatched_at=utcnow(), only_if_unset="dispatched_at")
+    async def mark_dispatched(self, job_id: str) -> bool:
+        """Note that the job's workflow is started; True if a cancel was requested meanwhile,
+        which the caller must now deliver to the workflow. A burst of starts shares
+        transactions (GroupCommit) with each other and with the submits."""
 
-    async def mark_undispatched(self, job_id: str) -> None:
-        await self._set(job_id, dispatched_at=None)
+        def write(tx: WriteTx) -> bool:
+            tx.execute(
+                update(JOBS)
+                .where(JOBS.c.job_id == job_id, JOBS.c.dispatched_at.is_(None))
+                .values(dispatched_at=utcnow())
+            )
+            requested = tx.execute(
+                select(JOBS.c.cancel_requested_at).where(JOBS.c.job_id == job_id)
+            ).scalar_one_or_none()
+            return requested is not None
+
+        return bool(await self.projector.writes.run(write))
 
     async def cancel_delivered(self, job_id: str) -> None:
         await self._set(job_id, cancel_requested_at=None)

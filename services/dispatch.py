@@ -3,17 +3,21 @@
 The submit commit is the acceptance; starting the workflow happens after it, in the same
 process at once, and again from a periodic scan for as long as Temporal is unreachable. The
 workflow id is the job id, so a second start of the same job is harmless. The reconciler
-repairs rows whose workflow is gone or closed without settling them.
+repairs rows whose workflow is gone or closed without settling them, and ends jobs that
+passed their hard ceiling with no worker to end them. Scans page through every row; one job
+that cannot be handled is logged and skipped, never stops a pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -24,10 +28,13 @@ from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
 from projections.store import JobStore
-from workflows.contracts import PromptJobInput
+from workflows.contracts import PromptJobInput, PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
+from workflows.results import job_result
 
 log = logging.getLogger("promptjobs.dispatch")
+
+T = TypeVar("T")
 
 
 # Temporal's matcher tells apart only `matching.priorityLevels` keys (default 5); the dev
@@ -46,6 +53,40 @@ class TemporalUnreachable(Exception):
     dispatcher delivers it once Temporal is back."""
 
 
+def is_unreachable(err: BaseException) -> bool:
+    """Temporal as a whole did not answer (as opposed to refusing one job's request)."""
+    if isinstance(err, TemporalUnreachable):
+        return True
+    if isinstance(err, RPCError):
+        return err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+    return isinstance(err, RuntimeError)  # a lazy client's failed connect
+
+
+def first_line(err: BaseException) -> str:
+    return ((str(err) or repr(err)).splitlines() or [repr(err)])[0][:300]
+
+
+class ThrottledLog:
+    """Logs a recurring failure with its real cause, at most once per `interval_s` for each
+    kind of failure, saying how many of the same kind it held back since."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 60.0) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def warning(self, kind: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last[0] < self.interval_s:
+            self._last[kind] = (last[0], last[1] + 1)
+            return
+        if last is not None and last[1]:
+            message, args = message + " (and %d more like it since)", (*args, last[1])
+        self.logger.warning(message, *args)
+        self._last[kind] = (now, 0)
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -59,6 +100,7 @@ class Dispatcher:
         interval_s: float = 2.0,
         reconcile_interval_s: float = 30.0,
         reconcile_grace_s: float = 60.0,
+        page_size: int = 200,
     ) -> None:
         self.store = store
         self.client = client
@@ -69,17 +111,19 @@ class Dispatcher:
         self.interval_s = interval_s
         self.reconcile_interval_s = reconcile_interval_s
         self.reconcile_grace_s = reconcile_grace_s
+        self.page_size = page_size
         self._background: set[asyncio.Task[None]] = set()
         self.temporal_reachable: bool | None = None
+        self.failures = ThrottledLog(log)
 
     # -- the request path hands work over without waiting --------------------------------
 
     def kick(self, job: Job) -> None:
         """Start `job`'s workflow in the background; the periodic scan is the safety net."""
-        self._spawn(self._start_quietly(job))
+        self._spawn(self._quietly("start", job.job_id, self.start(job)))
 
     def kick_cancel(self, job: Job) -> None:
-        self._spawn(self._cancel_quietly(job.job_id))
+        self._spawn(self._quietly("cancel", job.job_id, self.deliver_cancel(job.job_id)))
 
     # -- a caller that exits right away (the CLI) waits for the delivery instead -----------
 
@@ -94,29 +138,31 @@ class Dispatcher:
             await delivery
         except (RPCError, RuntimeError) as err:  # a lazy client's failed connect is a RuntimeError
             # The caller reports it; the scan (in the API's process) delivers it later.
-            first_line = (str(err) or repr(err)).splitlines()[0]
-            raise TemporalUnreachable(first_line[:160]) from err
+            raise TemporalUnreachable(first_line(err)[:160]) from err
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _start_quietly(self, job: Job) -> None:
+    async def _quietly(self, action: str, job_id: str, work: Awaitable[None]) -> None:
         try:
-            await self.start(job)
-        except Exception as err:  # the scan retries it; the job stays visibly queued
-            self._unreachable(err)
+            await work
+        except Exception as err:  # the scan retries it; the row keeps the request
+            self._failed(action, job_id, err)
 
-    async def _cancel_quietly(self, job_id: str) -> None:
-        try:
-            await self.deliver_cancel(job_id)
-        except Exception as err:
+    def _failed(self, action: str, job_id: str, err: Exception) -> None:
+        if is_unreachable(err):
             self._unreachable(err)
+        else:
+            self.failures.warning(
+                action, "could not %s job %s, will retry: %s", action, job_id, first_line(err)
+            )
 
-    def _unreachable(self, err: Exception) -> None:
-        if self.temporal_reachable is not False:
-            log.warning("Temporal unreachable, will retry: %s", err)
+    def _unreachable(self, err: BaseException) -> None:
+        self.failures.warning(
+            "unreachable", "Temporal unreachable, will retry: %s", first_line(err)
+        )
         self.temporal_reachable = False
 
     # -- the Temporal side -------------------------------------------------------------
@@ -133,6 +179,8 @@ class Dispatcher:
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             # Set from the prompt's parents when the job is created; only its workflow clears it.
             after=list(job.waiting_on or []),
+            # A restarted workflow (the reconciler's) continues the row's count.
+            attempts_before=job.attempt,
         )
 
     async def start(self, job: Job) -> None:
@@ -157,7 +205,10 @@ class Dispatcher:
         except WorkflowAlreadyStartedError:
             pass
         self.temporal_reachable = True
-        await self.store.mark_dispatched(job.job_id)
+        if await self.store.mark_dispatched(job.job_id):
+            # The API cancelled the row while this start was on its way: the workflow exists
+            # now, and must be cancelled too (its attempt finds the job closed meanwhile).
+            await self.deliver_cancel(job.job_id)
 
     async def deliver_cancel(self, job_id: str) -> None:
         try:
@@ -171,34 +222,74 @@ class Dispatcher:
     # -- the periodic safety nets ------------------------------------------------------
 
     async def run(self, *, stop: asyncio.Event) -> None:
-        """Scan until `stop`: start undispatched jobs, deliver cancels, reconcile drift."""
-        last_reconcile = 0.0
+        """Scan until `stop`: start undispatched jobs, deliver cancels, reconcile drift.
+        A failed scan does not skip the reconcile pass, nor the other way round."""
+        last_reconcile: float | None = None
         loop = asyncio.get_running_loop()
         while not stop.is_set():
-            try:
-                await self.scan_once()
-                if loop.time() - last_reconcile >= self.reconcile_interval_s:
-                    await self.reconcile_once()
-                    last_reconcile = loop.time()
-            except Exception as err:
-                self._unreachable(err)
+            await self._pass("scan", self.scan_once)
+            if last_reconcile is None or loop.time() - last_reconcile >= self.reconcile_interval_s:
+                last_reconcile = loop.time()
+                await self._pass("reconcile", self.reconcile_once)
             await _wait_any(stop, self.interval_s)
+
+    async def _pass(self, name: str, scan: Callable[[], Awaitable[int]]) -> None:
+        try:
+            await scan()
+        except Exception as err:
+            if is_unreachable(err):
+                self._unreachable(err)
+            else:
+                self.failures.warning(name, "%s pass failed, will retry: %r", name, err)
+
+    async def _each(
+        self, fetch: Callable[[Job | None], Awaitable[list[Job]]]
+    ) -> AsyncIterator[Job]:
+        """Every row `fetch` pages through, page after page (keyset: no row is skipped)."""
+        after: Job | None = None
+        while True:
+            page = await fetch(after)
+            for job in page:
+                yield job
+            if len(page) < self.page_size:
+                return
+            after = page[-1]
+
+    async def _isolated(self, action: str, job: Job, work: Awaitable[T]) -> T | None:
+        """Run `work` for one job. Temporal being unreachable ends the pass (every other job
+        would wait for the same timeout); anything else is this job's, logged and skipped."""
+        try:
+            return await work
+        except Exception as err:
+            if is_unreachable(err):
+                raise
+            self._failed(action, job.job_id, err)
+            return None
 
     async def scan_once(self) -> int:
         started = 0
-        for job in await self.store.undispatched():
-            await self.start(job)
-            started += 1
-        for job in await self.store.pending_cancels():
-            await self.deliver_cancel(job.job_id)
+        undispatched = self._each(lambda after: self.store.undispatched(self.page_size, after))
+        async for job in undispatched:
+            if await self._isolated("start", job, self._started(job)):
+                started += 1
+        cancels = self._each(lambda after: self.store.pending_cancels(self.page_size, after))
+        async for job in cancels:
+            await self._isolated("cancel", job, self.deliver_cancel(job.job_id))
         return started
+
+    async def _started(self, job: Job) -> bool:
+        await self.start(job)
+        return True
 
     async def reconcile_once(self) -> int:
         """Repair jobs whose row says queued/running but whose workflow says otherwise."""
         before = datetime.now(UTC) - timedelta(seconds=self.reconcile_grace_s)
         repaired = 0
-        for job in await self.store.unsettled_before(before):
-            if await self.reconcile(job, self._describe):
+        unsettled = self._each(
+            lambda after: self.store.unsettled_before(before, self.page_size, after)
+        )
+        async for job in unsettled:
+            if await self._isolated("reconcile", job, self.reconcile(job, self._describe)):
                 repaired += 1
         await self.wake_ready_children()
         return repaired
@@ -229,30 +320,95 @@ class Dispatcher:
         job: Job,
         describe: Callable[[str], Awaitable[WorkflowExecutionStatus | None]],
     ) -> bool:
+        if self._past_ceiling(job):
+            return await self._end_stuck(job)
         status = await describe(job.job_id)
         if status is None:
-            # The workflow is gone (lost dev server, retention): start it again.
+            # The workflow is gone (lost dev server, retention): start it again. The row stays
+            # marked dispatched, so if this start fails the next pass tries again.
             log.warning("job %s has no workflow; restarting it", job.job_id)
-            await self.store.mark_undispatched(job.job_id)
             await self.start(job)
             return True
-        if status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED):
-            # A completed workflow settled its row before completing (it awaits the settling
-            # activity); a row read as unsettled here was read just before that commit.
+        if status is WorkflowExecutionStatus.RUNNING:
             return False
-        # The workflow closed without its last projection landing (terminated by an operator,
-        # timed out, or failed for a reason of its own). Settle the row to match.
+        # A workflow settles its row before it closes; a row still unsettled was either read
+        # just before that commit (the projector then ignores what follows: terminal rows are
+        # absorbing) or its workflow closed without its last projection landing.
+        transition = await self._settlement(job, status)
+        applied = (await self.store.projector.apply(transition)).applied
+        if applied:
+            log.warning("job %s: workflow is %s; settled the row", job.job_id, status.name)
+        return applied
+
+    async def _settlement(self, job: Job, status: WorkflowExecutionStatus) -> Transition:
+        """The row's settlement from its closed workflow: what a workflow of ours reported
+        (a result, or a Failed workflow with the job's error), else what befell it."""
+        if status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
+            reported = await self._reported(job.job_id)
+            if reported is not None and reported.state == JobState.CANCELLED:
+                return Transition(job.job_id, JobState.CANCELLED)
+            if reported is not None and reported.state == JobState.FAILED:
+                return Transition(
+                    job.job_id,
+                    JobState.FAILED,
+                    error_kind=reported.error_kind or ErrorKind.UNKNOWN,
+                    error_message=reported.error_message
+                    or f"the workflow ended the job failed ({reported.error_kind})",
+                )
+            if reported is not None:
+                return self._lost(job, f"workflow completed (job {reported.state})")
         if status is WorkflowExecutionStatus.CANCELED or job.state is JobState.QUEUED:
-            transition = Transition(job.job_id, JobState.CANCELLED)
-        else:
-            transition = Transition(
-                job.job_id,
-                JobState.FAILED,
-                error_kind=ErrorKind.UNKNOWN,
-                error_message=f"workflow closed as {status.name.lower()} without settling the job",
+            return Transition(job.job_id, JobState.CANCELLED)
+        return self._lost(job, f"workflow closed as {status.name.lower()}")
+
+    @staticmethod
+    def _lost(job: Job, what: str) -> Transition:
+        return Transition(
+            job.job_id,
+            JobState.FAILED,
+            error_kind=ErrorKind.UNKNOWN,
+            error_message=f"{what} without settling the job",
+        )
+
+    async def _reported(self, job_id: str) -> PromptJobResult | None:
+        """What the closed workflow says of its job; None if it failed for a reason not ours."""
+        try:
+            return await job_result(self.client.get_workflow_handle(job_id))
+        except WorkflowFailureError:
+            return None
+
+    def _past_ceiling(self, job: Job) -> bool:
+        """The job could have run for longer than its hard ceiling (plus the grace) and has
+        not settled: no worker is there to end it (none at all, or none keeping up)."""
+        # From when Temporal had it (a start delayed by an outage does not age the job) or
+        # its scheduled time, whichever is later.
+        start = max(job.dispatched_at or job.created_at, job.scheduled_for or job.created_at)
+        limit = timedelta(seconds=self.ceiling_s + self.reconcile_grace_s)
+        return datetime.now(UTC) > start + limit
+
+    async def _end_stuck(self, job: Job) -> bool:
+        """Settle the row `stuck`, then terminate its workflow, which no worker runs: left
+        open, it would show Running in the Web UI while the job has ended."""
+        message = (
+            f"the job passed its hard ceiling ({self.ceiling_s:g} s) while {job.state.value} "
+            "with no worker to end it"
+        )
+        settled = await self.store.projector.apply(
+            Transition(
+                job.job_id, JobState.FAILED, error_kind=ErrorKind.STUCK, error_message=message
             )
-        log.warning("job %s: workflow is %s; settling the row", job.job_id, status.name)
-        return (await self.store.projector.apply(transition)).applied
+        )
+        if settled.state is not JobState.FAILED:
+            return settled.applied
+        try:
+            await self.client.get_workflow_handle(job.job_id).terminate(
+                f"{ErrorKind.STUCK.value}: {settled.error_message}"
+            )
+        except RPCError as err:
+            if err.status is not RPCStatusCode.NOT_FOUND:
+                raise
+        log.warning("job %s: %s", job.job_id, message)
+        return settled.applied
 
 
 async def _wait_any(stop: asyncio.Event, seconds: float) -> None:

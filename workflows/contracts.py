@@ -28,6 +28,9 @@ class PromptJobInput:
     heartbeat_timeout_s: float = 10.0
     # A chain: the parent prompts to wait for (each one's current job succeeded) first.
     after: list[str] = field(default_factory=list)
+    # Attempts an earlier workflow of this job already made (the reconciler restarts a lost
+    # workflow): this one continues the count, so its first attempt is `attempts_before + 1`.
+    attempts_before: int = 0
 
 
 @dataclass
@@ -36,3 +39,4 @@ class PromptJobResult:
     state: JobState
     response_id: str | None = None
     error_kind: ErrorKind | None = None
+    error_message: str | None = None

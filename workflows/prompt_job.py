@@ -55,6 +55,10 @@ PROJECTION_TIMEOUT = timedelta(seconds=30)
 # Since this patch the adapter call settles a success itself (one activity per job, not two);
 # histories recorded before it call finalize_success (docs/workflow-versioning.md).
 SETTLE_SUCCESS_IN_CALL = "settle-success-in-call"
+# Since this patch a job that ends failed ends its workflow Failed, after its row is settled,
+# so the Web UI, `ExecutionStatus="Failed"` and Temporal's failure metrics count it; before
+# it the workflow completed with a result saying "failed".
+FAIL_FAILED_JOBS = "fail-failed-jobs"
 
 # Since this patch a chain's child waits for its parents (a signal, re-checked by an activity)
 # before its first attempt; only inputs with `after` take the path (docs/decisions.md).
@@ -69,7 +73,7 @@ def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
             SearchAttributePair(sa.ORG, job.org),
             SearchAttributePair(sa.PROMPT_ID, job.prompt_id),
             SearchAttributePair(sa.PRIORITY, job.priority),
-            SearchAttributePair(sa.ATTEMPT, 0),
+            SearchAttributePair(sa.ATTEMPT, job.attempts_before),
         ]
     )
 
@@ -79,11 +83,19 @@ class PromptJobWorkflow:
     def __init__(self) -> None:
         self._attempt = 0
         self._parents_changed = False
+        self._fail_failed = False
 
     @workflow.run
     async def run(self, job: PromptJobInput) -> PromptJobResult:
         settle_in_call = workflow.patched(SETTLE_SUCCESS_IN_CALL)
+        self._fail_failed = workflow.patched(FAIL_FAILED_JOBS)
+        self._attempt = job.attempts_before
         ceiling = timedelta(seconds=job.ceiling_s)
+        if job.attempts_before >= job.max_attempts:
+            # Restarted after its workflow was lost during the last attempt: that attempt is
+            # spent, as a worker lost during it would have spent it (docs/decisions.md).
+            message = f"attempt {job.attempts_before} was lost with its workflow; none left"
+            return await self._fail(job, ErrorKind.WORKER_CRASH, message)
         try:
             if job.after and workflow.patched(WAIT_FOR_PARENTS):
                 began = workflow.now()
@@ -99,7 +111,7 @@ class PromptJobWorkflow:
                 await self._cancel(job)
                 raise asyncio.CancelledError() from err
             if isinstance(err.cause, ApplicationError) and err.cause.type == JOB_CLOSED:
-                return PromptJobResult(job.job_id, closed_state(err.cause))
+                return self._closed(job, err.cause)
             kind, message = failure_of(err)
             return await self._fail(job, kind, message)
         except asyncio.CancelledError:
@@ -179,7 +191,13 @@ class PromptJobWorkflow:
         deadline = workflow.now() + ceiling
         return await workflow.execute_activity_method(
             JobActivities.call_adapter,
-            AdapterCall(job.job_id, job.max_attempts, deadline.timestamp(), settle_success),
+            AdapterCall(
+                job.job_id,
+                job.max_attempts,
+                deadline.timestamp(),
+                settle_success,
+                attempt_offset=job.attempts_before,
+            ),
             schedule_to_close_timeout=ceiling,
             start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),
             heartbeat_timeout=timedelta(seconds=job.heartbeat_timeout_s),
@@ -188,7 +206,7 @@ class PromptJobWorkflow:
             retry_policy=RetryPolicy(
                 initial_interval=timedelta(seconds=1),
                 backoff_coefficient=1.0,
-                maximum_attempts=job.max_attempts,
+                maximum_attempts=job.max_attempts - job.attempts_before,
                 non_retryable_error_types=[*NON_RETRYABLE_TYPES, JOB_CLOSED],
             ),
         )
@@ -211,8 +229,23 @@ class PromptJobWorkflow:
 
     async def _fail(self, job: PromptJobInput, kind: ErrorKind, message: str) -> PromptJobResult:
         settled = await self._settle(SettleJob(job.job_id, JobState.FAILED, kind, message))
-        self._show(settled.state, kind)
+        if settled.attempt is not None:
+            self._attempt = max(self._attempt, settled.attempt)
+        self._show(settled.state, settled.error_kind or kind)
+        if self._fail_failed and settled.state is JobState.FAILED:
+            # The row is settled; now the workflow tells the same story (whatever settled it).
+            raise job_failure(settled.error_kind or kind, settled.error_message or message)
         return PromptJobResult(job.job_id, settled.state, error_kind=kind)
+
+    def _closed(self, job: PromptJobInput, closed: ApplicationError) -> PromptJobResult:
+        """The job was settled before this attempt could start (by a cancel, or `stuck` by
+        the reconciler): nothing to run. A failed row fails the workflow, as `_fail` does."""
+        state = closed_state(closed)
+        if self._fail_failed and state is JobState.FAILED and len(closed.details) == 3:
+            kind = kind_of_error_type(closed.details[1]) or ErrorKind.UNKNOWN
+            self._show(state, kind)
+            raise job_failure(kind, closed.details[2] or "")
+        return PromptJobResult(job.job_id, state)
 
     async def _cancel(self, job: PromptJobInput) -> None:
         settled = await self._settle(SettleJob(job.job_id, JobState.CANCELLED))
@@ -226,6 +259,12 @@ class PromptJobWorkflow:
             retry_policy=PROJECTION_RETRY,
         )
         return settled
+
+
+def job_failure(kind: ErrorKind, message: str) -> ApplicationError:
+    """How a failed job ends its workflow: the type is the error kind, the message the row's
+    error message. Not benign: Temporal's failure metrics are meant to count it."""
+    return ApplicationError(message, type=kind.value, non_retryable=True)
 
 
 def failure_of(err: ActivityError) -> tuple[ErrorKind, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event
 from temporalio.testing import WorkflowEnvironment
 
+from promptjobs.runtime import temporal_cli
 from tests.conftest import Stack, eventually, make_settings, running_stack
 
 FAIL_RATE_LIMITED = {"fake": {"fail": ["rate_limit"], "retry_after_s": 1}}
@@ -141,3 +144,60 @@ async def test_frequent_scrapes_count_the_jobs_table_once_per_cache_interval(
         finally:
             event.remove(engine, "before_cursor_execute", seen)
     assert len(counts) == 1
+
+
+async def test_three_jobs_show_one_completed_one_failed_one_canceled_in_temporal(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # Issue 20's operator view: a failed job is a Failed workflow, as Temporal counts it.
+    settings = make_settings(
+        tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'projection.db'}",
+        backoff_initial_s=1.0,
+        backoff_jitter=0.0,
+    )
+    async with running_stack(settings, dev_server.client) as stack:
+        retried = await stack.submit("flaky", options={"fake": {"fail": ["provider_5xx"]}})
+        refused = await stack.submit("no key", options={"fake": {"fail": ["auth"]}})
+        slow = await stack.submit("slow", options={"fake": {"latency_ms": 20_000}})
+        await eventually(lambda: stack.job(slow["job_id"]), lambda j: j["state"] == "running")
+        assert (await stack.http.post(f"/v1/jobs/{slow['job_id']}/cancel")).status_code == 202
+        settled = {j: (await stack.settled(j))["state"] for j in _ids(retried, refused, slow)}
+        assert list(settled.values()) == ["succeeded", "failed", "cancelled"]
+        assert (await stack.job(retried["job_id"]))["attempt"] == 2
+
+        queue = f'TaskQueue="{settings.temporal_task_queue}"'
+        listed = await eventually(
+            lambda: _temporal_list(dev_server, queue),
+            lambda rows: sorted(rows.values()) == ["Canceled", "Completed", "Failed"],
+            timeout=30,
+        )
+        assert listed == {
+            retried["job_id"]: "Completed",
+            refused["job_id"]: "Failed",
+            slow["job_id"]: "Canceled",
+        }
+        failed = await _temporal_list(dev_server, f'{queue} AND ExecutionStatus="Failed"')
+        assert list(failed) == [refused["job_id"]]
+
+
+def _ids(*accepted: dict[str, Any]) -> list[str]:
+    return [str(a["job_id"]) for a in accepted]
+
+
+async def _temporal_list(env: WorkflowEnvironment, query: str) -> dict[str, str]:
+    """`temporal workflow list --query …` as an operator runs it: workflow id → status."""
+    done = await asyncio.create_subprocess_exec(
+        temporal_cli(), "workflow", "list",
+        "--address", env.client.service_client.config.target_host,
+        "--query", query, "--output", "json",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await done.communicate()
+    assert done.returncode == 0
+    rows = json.loads(out or b"[]")
+    prefix = "WORKFLOW_EXECUTION_STATUS_"
+    return {
+        row["execution"]["workflowId"]: str(row["status"]).removeprefix(prefix).title()
+        for row in rows
+    }

@@ -22,13 +22,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from promptjobs.history import export_history
 from promptjobs.launch import DEV_SERVER_ARGS
-from promptjobs.runtime import temporal_cli
+from promptjobs.runtime import build_dispatcher, temporal_cli
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from workflows import search_attributes
 
 HISTORIES = Path(__file__).parent / "histories"
-VERSION = "v2"
+VERSION = "v3"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
 
@@ -142,6 +142,50 @@ async def chain_stuck_waiting(stack: Stack, _env: WorkflowEnvironment) -> str:
     return child
 
 
+async def restarted(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """A job whose first workflow was lost after one failed attempt, started again (as the
+    reconciler does): the new workflow continues the attempt count."""
+    from projections.lifecycle import ErrorKind, JobState
+    from projections.projector import Transition
+    from projections.scope import Scope
+    from projections.writes import Submission
+
+    store = stack.projection.store
+    accepted = await store.submit(
+        Scope("acme", "alice"),
+        Submission(text="replay me", priority=50, max_attempts=3, options={}),
+    )
+    job_id = accepted.job.job_id
+    await store.mark_dispatched(job_id)  # before the dispatcher's scan can start it
+    await stack.projection.projector.start_attempt(job_id, 1, "lost-worker")
+    requeue = Transition(
+        job_id, JobState.QUEUED, 1, error_kind=ErrorKind.PROVIDER_5XX, error_message="lost"
+    )
+    await stack.projection.projector.apply(requeue)
+    dispatcher = build_dispatcher(stack.settings, stack.client, stack.projection)
+    await dispatcher.start(await store.job(Scope.operator(), job_id))
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        settled = await stack.settled(job_id, timeout=60)
+    assert (settled["state"], settled["attempt"]) == ("succeeded", 2), settled
+    return job_id
+
+
+async def closed_failed(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """The row was failed (`stuck`, by the reconciler) before the workflow's attempt ran."""
+    from projections.lifecycle import ErrorKind, JobState
+    from projections.projector import Transition
+
+    at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    job_id = str((await stack.submit("replay me", scheduled_for=at))["job_id"])
+    await eventually(lambda: _dispatched(stack, job_id), bool)
+    stuck = Transition(job_id, JobState.FAILED, error_kind=ErrorKind.STUCK, error_message="ceiling")
+    assert (await stack.projection.projector.apply(stuck)).applied
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        with contextlib.suppress(WorkflowFailureError):
+            await stack.client.get_workflow_handle(job_id).result()
+    return job_id
+
+
 async def _dispatched(stack: Stack, job_id: str) -> bool:
     async with stack.projection.sessions() as session:
         from projections.models import Job
@@ -166,6 +210,8 @@ SCENARIOS: dict[str, Scenario] = {
     "chain_parent_retried": chain_parent_retried,
     "chain_cancel_waiting": chain_cancel_waiting,
     "chain_stuck_waiting": chain_stuck_waiting,
+    "restarted": restarted,
+    "closed_failed": closed_failed,
 }
 
 
@@ -189,9 +235,11 @@ async def record(names: list[str], version: str = VERSION) -> None:
                 )
                 async with running_stack(settings, env.client, run_worker=False) as stack:
                     job_id = await SCENARIOS[name](stack, env)
-                    # The row settles a moment before the workflow closes; record it closed.
-                    with contextlib.suppress(WorkflowFailureError):
-                        await env.client.get_workflow_handle(job_id).result()
+                    # The row settles a moment before the workflow closes (a worker must
+                    # still take its last workflow task); record it closed.
+                    async with new_worker(stack.settings, stack.client, stack.projection):
+                        with contextlib.suppress(WorkflowFailureError):
+                            await env.client.get_workflow_handle(job_id).result()
                     state = (await stack.job(job_id))["state"]
                     path = HISTORIES / f"{version}-{name}.json"
                     path.write_text(await export_history(env.client, job_id))

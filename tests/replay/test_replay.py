@@ -29,7 +29,10 @@ PATHS = {
     "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
     "chain_waits_then_runs", "chain_parent_retried", "chain_cancel_waiting",
     "chain_stuck_waiting",
+    "restarted", "closed_failed",
 }  # fmt: skip
+# Since the patch fail-failed-jobs (v3 on) a failed job's workflow ends Failed.
+FAILED_PATHS = {"exhausted", "non_retryable", "stuck", "closed_failed"}
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -56,6 +59,14 @@ async def test_history_replays_on_the_current_workflow(path: Path) -> None:
         f"deterministic for jobs in flight; guard it with workflow.patched() "
         f"(docs/workflow-versioning.md). Cause: {result.replay_failure}"
     )
+
+
+def test_failed_paths_of_the_current_workflow_end_failed() -> None:
+    for path in HISTORIES:
+        version, name = path.stem.split("-", 1)
+        if name in FAILED_PATHS and version >= "v3":
+            last = json.loads(path.read_text())["events"][-1]["eventType"]
+            assert last == "EVENT_TYPE_WORKFLOW_EXECUTION_FAILED", path.name
 
 
 # -- the guard, demonstrated --------------------------------------------------------------

@@ -21,6 +21,7 @@ from services.dispatch import Dispatcher
 from tests.conftest import make_settings, new_worker
 from workflows.contracts import PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow
+from workflows.results import job_result
 
 OWNER = Scope("acme", "alice", "member")
 
@@ -54,11 +55,12 @@ class Harness:
         return self.env.client.get_workflow_handle_for(PromptJobWorkflow.run, job.job_id)
 
     async def result(self, handle: WorkflowHandle[Any, PromptJobResult]) -> PromptJobResult:
-        """The workflow's result. The time-skipping server's history long-poll sometimes
-        returns before the close event while it skips time; ask again."""
+        """The job's outcome its workflow reports (a Failed workflow of ours is a failed job).
+        The time-skipping server's history long-poll sometimes returns before the close
+        event while it skips time; ask again."""
         for _ in range(20):
             try:
-                return await handle.result()
+                return await job_result(handle)
             except RuntimeError as err:
                 if "No completion event found" not in str(err):
                     raise

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowFailureError, WorkflowHandle
-from temporalio.exceptions import CancelledError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import ActivityEnvironment
 
 from activities.adapters.fake import fake_output
@@ -150,6 +150,81 @@ async def test_job_past_its_hard_ceiling_fails_stuck(harness: Harness) -> None:
     assert (result.state, result.error_kind) == ("failed", "stuck")
     row = await harness.job(job.job_id)
     assert (row.state.value, row.error_kind) == ("failed", "stuck")
+    await _assert_failed_like_its_row(handle, row)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "attempt"),
+    [
+        ({"fake": {"fail": ["auth"]}}, "auth", 1),
+        ({"max_attempts": 2, "fake": {"fail": ["timeout", "provider_5xx"]}}, "provider_5xx", 2),
+    ],
+    ids=["non_retryable", "exhausted"],
+)
+async def test_failed_job_ends_its_workflow_failed_with_the_rows_error(
+    harness: Harness, body: dict[str, Any], kind: str, attempt: int
+) -> None:
+    job = await harness.submit(**body)
+    async with harness.worker():
+        handle = await harness.start(job)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    row = await harness.job(job.job_id)
+    assert (row.state.value, row.error_kind, row.attempt) == ("failed", kind, attempt)
+    assert failure.value.cause.type == kind  # type: ignore[attr-defined]
+    await _assert_failed_like_its_row(handle, row)
+    # Readers of results see the settled job, not an error of ours.
+    result = await harness.result(handle)
+    assert (result.state, result.error_kind, result.error_message) == (
+        "failed", kind, row.error_message,
+    )  # fmt: skip
+
+
+async def test_succeeded_and_cancelled_jobs_end_completed_and_canceled(harness: Harness) -> None:
+    done, cancelled = await harness.submit(), await harness.submit()
+    cancelled_handle = await harness.start(cancelled)  # no worker yet: it stays queued
+    await cancelled_handle.cancel()
+    async with harness.worker():
+        done_handle = await harness.start(done)
+        assert (await harness.result(done_handle)).state == "succeeded"
+        with pytest.raises(WorkflowFailureError):
+            await harness.result(cancelled_handle)
+    assert (await done_handle.describe()).status is WorkflowExecutionStatus.COMPLETED
+    assert (await cancelled_handle.describe()).status is WorkflowExecutionStatus.CANCELED
+
+
+async def test_a_restarted_workflow_with_no_attempts_left_fails_worker_crash(
+    harness: Harness,
+) -> None:
+    # The reconciler restarts a job whose workflow was lost while its last attempt ran.
+    job = await harness.submit(max_attempts=1)
+    await harness.projection.projector.start_attempt(job.job_id, 1, "lost-worker")
+    job = await harness.job(job.job_id)
+    async with harness.worker():
+        result = await harness.run(job)
+    row = await harness.job(job.job_id)
+    assert (result.state, row.state.value, row.error_kind, row.attempt) == (
+        "failed", "failed", "worker_crash", 1,
+    )  # fmt: skip
+
+
+async def _assert_failed_like_its_row(handle: WorkflowHandle[Any, Any], row: Any) -> None:
+    """The workflow is Failed, after settling its row, with the row's error kind and message."""
+    assert (await handle.describe()).status is WorkflowExecutionStatus.FAILED
+    history = await handle.fetch_history()
+    types = [EventType.Name(event.event_type) for event in history.events]
+    assert types[-1] == "EVENT_TYPE_WORKFLOW_EXECUTION_FAILED"
+    assert "EVENT_TYPE_ACTIVITY_TASK_COMPLETED" in types  # settle_job, before the failure
+    failure = history.events[-1].workflow_execution_failed_event_attributes.failure
+    assert failure.application_failure_info.type == row.error_kind
+    assert failure.application_failure_info.non_retryable
+    assert failure.message == row.error_message
+    try:
+        await handle.result()
+    except WorkflowFailureError as err:
+        assert isinstance(err.cause, ApplicationError)
+    else:
+        raise AssertionError("the failed job's workflow completed")
 
 
 async def test_search_attributes_follow_the_job(harness: Harness) -> None:
