@@ -72,6 +72,8 @@ def create_engine(url: str, *, pool_size: int = 10, busy_timeout_s: float = 30.0
     if make_url(url).get_backend_name() == "sqlite":
         engine = create_async_engine(async_url(url), connect_args={"timeout": busy_timeout_s})
         _make_sqlite_transactional(engine.sync_engine, busy_timeout_s=busy_timeout_s)
+        # The engine's synchronous writer (sync_writer) waits on the lock as long.
+        _busy_timeouts[engine.sync_engine] = busy_timeout_s
         return engine
     return create_async_engine(
         async_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
@@ -279,14 +281,17 @@ class SyncWriteTurn:
 class SyncWriter:
     """The synchronous engine the projection's writes run on, beside the async one that reads."""
 
-    def __init__(self, url: str, *, pool_size: int = 2) -> None:
+    def __init__(self, url: str, *, pool_size: int = 2, busy_timeout_s: float = 30.0) -> None:
         self.sqlite = make_url(url).get_backend_name() == "sqlite"
         self.turn: Callable[[], AbstractContextManager[Any]] = nullcontext
         if self.sqlite:
             self.engine = sa_create_engine(
-                sync_url(url), connect_args={"timeout": 30, "check_same_thread": False}
+                sync_url(url),
+                connect_args={"timeout": busy_timeout_s, "check_same_thread": False},
             )
-            _make_sqlite_transactional(self.engine, always_write=True)
+            _make_sqlite_transactional(
+                self.engine, always_write=True, busy_timeout_s=busy_timeout_s
+            )
             database = make_url(url).database
             if database and database != ":memory:":
                 self.turn = SyncWriteTurn(database)
@@ -325,13 +330,17 @@ class SyncWriter:
 _writers: weakref.WeakKeyDictionary[Engine, SyncWriter] = weakref.WeakKeyDictionary()
 
 
+_busy_timeouts: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
+
+
 def sync_writer(sessions: async_sessionmaker[AsyncSession]) -> SyncWriter:
     bind = sessions.kw.get("bind")
     assert isinstance(bind, AsyncEngine), "a session factory bound to one engine"
     writer = _writers.get(bind.sync_engine)
     if writer is None:
         url = bind.url.render_as_string(hide_password=False)
-        writer = _writers[bind.sync_engine] = SyncWriter(url)
+        busy_timeout_s = _busy_timeouts.get(bind.sync_engine, 30.0)
+        writer = _writers[bind.sync_engine] = SyncWriter(url, busy_timeout_s=busy_timeout_s)
     return writer
 
 

@@ -8,12 +8,16 @@ from pathlib import Path
 import httpx
 import pytest
 from sqlalchemy import func, select
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from projections.lifecycle import JobState
 from projections.models import Job
 from projections.scope import Scope
+from promptjobs.settings import Settings
 from tests.conftest import Stack, eventually, make_settings, new_worker, running_stack
+from workflows.prompt_job import PromptJobWorkflow
 
 OPERATOR = Scope.operator()
 QUICK = {"fake": {"latency_ms": 50}}
@@ -39,12 +43,30 @@ async def _start_order(stack: Stack, job_ids: list[str]) -> list[str]:
     return [job.job_id for job in sorted(jobs, key=lambda j: j.started_at or j.created_at)]
 
 
+async def _schedule_attempts(settings: Settings, client: Client, job_ids: list[str]) -> None:
+    """Run the jobs' workflow tasks on a workflow-only worker until each has its first
+    attempt scheduled."""
+
+    async def pending() -> list[int]:
+        described = [await client.get_workflow_handle(j).describe() for j in job_ids]
+        return [len(d.raw_description.pending_activities) for d in described]
+
+    async with Worker(
+        client,
+        task_queue=settings.temporal_task_queue,
+        workflows=[PromptJobWorkflow],
+        no_remote_activities=True,
+    ):
+        await eventually(pending, lambda counts: all(n >= 1 for n in counts), timeout=30)
+
+
 async def test_urgent_jobs_jump_a_backlog(dev_server: WorkflowEnvironment, tmp_path: Path) -> None:
     settings = make_settings(tmp_path, worker_max_concurrent_activities=1)
     async with running_stack(settings, dev_server.client, run_worker=False) as stack:
         routine = [await _submit(stack.http, f"r{i}", priority=100) for i in range(10)]
         urgent = [await _submit(stack.http, f"u{i}", priority=0) for i in range(3)]
         await _all_dispatched(stack, 13)
+        await _schedule_attempts(settings, dev_server.client, routine + urgent)
         async with new_worker(settings, dev_server.client, stack.projection):
             order = await _start_order(stack, routine + urgent)
     positions = sorted(order.index(job_id) for job_id in urgent)
@@ -65,6 +87,10 @@ async def test_every_priority_runs_in_its_own_order(
     async with running_stack(settings, dev_server.client, run_worker=False) as stack:
         jobs = {p: await _submit(stack.http, f"p{p}", priority=p) for p in priorities}
         await _all_dispatched(stack, len(priorities))
+        # Workflow tasks first, with no activity poller: every job's attempt then waits in
+        # the activity queue's backlog, where priority orders it. (A poller already waiting
+        # would take the first attempt scheduled, whatever its priority.)
+        await _schedule_attempts(settings, dev_server.client, list(jobs.values()))
         async with new_worker(settings, dev_server.client, stack.projection):
             order = await _start_order(stack, list(jobs.values()))
     by_job = {job_id: p for p, job_id in jobs.items()}
