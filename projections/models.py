@@ -59,22 +59,20 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-StateColumn = Enum(
-    JobState,
-    name="job_state",
-    native_enum=False,
-    length=16,
-    values_callable=lambda states: [s.value for s in states],
-    validate_strings=True,
-)
-ErrorKindColumn = Enum(
-    ErrorKind,
-    name="error_kind",
-    native_enum=False,
-    length=32,
-    values_callable=lambda kinds: [k.value for k in kinds],
-    validate_strings=True,
-)
+def lifecycle_enum(words: type[JobState] | type[ErrorKind], name: str, length: int) -> Enum:
+    """A column of one of the lifecycle's words, stored as its value (a VARCHAR)."""
+    return Enum(
+        words,
+        name=name,
+        native_enum=False,
+        length=length,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
+
+
+StateColumn = lifecycle_enum(JobState, "job_state", 16)
+ErrorKindColumn = lifecycle_enum(ErrorKind, "error_kind", 32)
 
 
 def one_of(column: str, values: type[JobState] | type[ErrorKind], name: str) -> CheckConstraint:
