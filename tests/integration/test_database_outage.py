@@ -82,17 +82,7 @@ async def test_postgres_outage_mid_jobs_every_job_still_succeeds_without_spendin
                 headers={"Authorization": f"Bearer {key}"},
                 timeout=10,
             ) as http:
-                ids = []
-                for n in range(JOBS):
-                    body = {"prompt": f"outage {n}", "options": {"fake": {"latency_ms": 3000}}}
-                    accepted = await http.post("/v1/prompts", json=body)
-                    assert accepted.status_code == 202, accepted.text
-                    ids.append(accepted.json()["job_id"])
-                await eventually(
-                    lambda: all_jobs(http, ids),
-                    lambda jobs: len(jobs) == JOBS and all(j["state"] == "running" for j in jobs),
-                    timeout=30,
-                )
+                ids = await submit_running(http, "outage", latency_ms=3000)
 
                 postgres.stop("immediate")
                 assert_unavailable(await http.post("/v1/prompts", json={"prompt": "during"}))
@@ -147,6 +137,22 @@ async def test_sqlite_locked_past_busy_timeout_jobs_wait_and_succeed(
             await _ride_out_sqlite_lock(settings, database, api, worker)
 
 
+async def submit_running(http: httpx.AsyncClient, prefix: str, *, latency_ms: int) -> list[str]:
+    """JOBS slow jobs submitted, once every one of them is running: their ids."""
+    ids = []
+    for n in range(JOBS):
+        body = {"prompt": f"{prefix} {n}", "options": {"fake": {"latency_ms": latency_ms}}}
+        accepted = await http.post("/v1/prompts", json=body)
+        assert accepted.status_code == 202, accepted.text
+        ids.append(accepted.json()["job_id"])
+    await eventually(
+        lambda: all_jobs(http, ids),
+        lambda jobs: len(jobs) == JOBS and all(j["state"] == "running" for j in jobs),
+        timeout=30,
+    )
+    return ids
+
+
 async def _ride_out_sqlite_lock(
     settings: Settings, database: Path, api: Process, worker: Process
 ) -> None:
@@ -156,17 +162,7 @@ async def _ride_out_sqlite_lock(
         headers={"Authorization": f"Bearer {key}"},
         timeout=10,
     ) as http:
-        ids = []
-        for n in range(JOBS):
-            body = {"prompt": f"locked {n}", "options": {"fake": {"latency_ms": 1500}}}
-            accepted = await http.post("/v1/prompts", json=body)
-            assert accepted.status_code == 202, accepted.text
-            ids.append(accepted.json()["job_id"])
-        await eventually(
-            lambda: all_jobs(http, ids),
-            lambda jobs: len(jobs) == JOBS and all(j["state"] == "running" for j in jobs),
-            timeout=30,
-        )
+        ids = await submit_running(http, "locked", latency_ms=1500)
         # Another writer holds the write lock for longer than the busy timeout.
         holder = sqlite3.connect(database, isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
