@@ -15,6 +15,7 @@ from contextlib import (
     asynccontextmanager,
     contextmanager,
     nullcontext,
+    suppress,
 )
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from alembic.config import Config
 from sqlalchemy import BigInteger, Connection, Engine, Executable, event, text
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -487,12 +489,29 @@ class Prepared:
             for name, value in (self.defaults | params).items()
         }
         bound: Any = values if self.positional is None else [values[n] for n in self.positional]
-        cursor = tx.conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        dbapi_connection: Any = tx.conn.connection.dbapi_connection
+        cursor = dbapi_connection.cursor()
+        dialect = tx.conn.dialect
         try:
             cursor.execute(self.sql, bound)
             row = cursor.fetchone() if self.returning else None
+        except dialect.loaded_dbapi.Error as err:
+            # As SQLAlchemy's own execute raises it: IntegrityError, OperationalError, … with
+            # a dropped connection marked invalidated (and dropped from the pool).
+            gone = dialect.is_disconnect(err, dbapi_connection, cursor)
+            if gone:
+                tx.conn.invalidate(err)
+            raise DBAPIError.instance(
+                self.sql,
+                bound,
+                err,
+                dialect.loaded_dbapi.Error,
+                connection_invalidated=gone,
+                dialect=dialect,
+            ) from err
         finally:
-            cursor.close()
+            with suppress(dialect.loaded_dbapi.Error):
+                cursor.close()
         if row is None:
             return None
         return {

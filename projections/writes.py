@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -26,6 +26,7 @@ from projections.projector import (
     Transition,
     append_event,
     current,
+    prepared,
     share_prompts_with_archive,
     transition,
     utcnow,
@@ -109,7 +110,7 @@ class JobWrites:
                 "request_hash": fingerprint,
                 "created_at": now,
             }
-            tx.execute(insert(PROMPTS), prompt)
+            prepared(tx, ("insert_prompt",), lambda: insert(PROMPTS)).run(tx, prompt)
             for position, parent_id in enumerate(submission.after):
                 tx.execute(
                     insert(PROMPT_PARENTS),
@@ -217,7 +218,8 @@ class JobWrites:
 
     @staticmethod
     def _insert_job(tx: WriteTx, job: Job, now: datetime) -> None:
-        tx.execute(insert(JOBS), {c.key: getattr(job, c.key) for c in JOBS.c})
+        statement = prepared(tx, ("insert_job",), lambda: insert(JOBS))
+        statement.run(tx, {c.key: getattr(job, c.key) for c in JOBS.c})
         append_event(tx, job, job.last_event_id, now)
 
     async def retry(self, scope: Scope, job_id: str, changes: RetryChanges | None = None) -> Job:
@@ -296,15 +298,9 @@ class JobWrites:
         transactions (GroupCommit) with each other and with the submits."""
 
         def write(tx: WriteTx) -> bool:
-            tx.execute(
-                update(JOBS)
-                .where(JOBS.c.job_id == job_id, JOBS.c.dispatched_at.is_(None))
-                .values(dispatched_at=utcnow())
-            )
-            requested = tx.execute(
-                select(JOBS.c.cancel_requested_at).where(JOBS.c.job_id == job_id)
-            ).scalar_one_or_none()
-            return requested is not None
+            statement = prepared(tx, ("mark_dispatched",), _mark_dispatched_statement)
+            row = statement.run(tx, {"job_id": job_id, "now": utcnow()})
+            return row is not None and row["cancel_requested_at"] is not None
 
         return bool(await self.projector.writes.run(write))
 
@@ -324,3 +320,17 @@ class JobWrites:
     def _notify(self) -> None:
         if self.projector.on_commit is not None:
             self.projector.on_commit()
+
+
+def _mark_dispatched_statement() -> Any:
+    """The first start recorded stays; the row's pending cancel request comes back with it."""
+    return (
+        update(JOBS)
+        .where(JOBS.c.job_id == bindparam("job_id"))
+        .values(
+            dispatched_at=func.coalesce(
+                JOBS.c.dispatched_at, bindparam("now", type_=JOBS.c.dispatched_at.type)
+            )
+        )
+        .returning(JOBS.c.cancel_requested_at)
+    )
