@@ -191,19 +191,33 @@ class Archived:
 
 
 async def archive(
-    sessions: async_sessionmaker[AsyncSession], *, before: datetime, dry_run: bool = False
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    before: datetime,
+    dry_run: bool = False,
+    batch: int | None = None,
 ) -> Archived:
     """Remove terminal jobs finished before `before` with their events; a prompt left with no
     job goes too, with its responses. One transaction that excludes user retries, so a
-    concurrent retry cannot add a job to a prompt being removed."""
+    concurrent retry cannot add a job to a prompt being removed.
+
+    `batch`: remove at most that many jobs (the longest finished first), so that one
+    transaction holds the write lock briefly; the scheduled retention calls this until a
+    batch comes back short."""
     old = and_(Job.state.in_(TERMINAL), Job.finished_at.is_not(None), Job.finished_at < before)
-    old_jobs = select(Job.job_id).where(old)
-    kept_prompts = select(Job.prompt_id).where(not_(old))
-    gone_prompts = select(Job.prompt_id).where(old, Job.prompt_id.not_in(kept_prompts))
     async with transaction(sessions) as session:
         await exclude_writers_of_prompts(session)
+        if batch is None:
+            chosen: Any = old
+        else:
+            oldest = select(Job.job_id).where(old).order_by(Job.finished_at, Job.job_id)
+            ids = list((await session.execute(oldest.limit(batch))).scalars())
+            chosen = Job.job_id.in_(ids)
+        old_jobs = select(Job.job_id).where(chosen)
+        kept_prompts = select(Job.prompt_id).where(not_(chosen))
+        gone_prompts = select(Job.prompt_id).where(chosen, Job.prompt_id.not_in(kept_prompts))
         counts = Archived(
-            jobs=await _count(session, select(Job.job_id).where(old)),
+            jobs=await _count(session, old_jobs),
             events=await _count(session, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))),
             prompts=await _count(session, gone_prompts.distinct()),
             responses=await _count(
@@ -214,7 +228,7 @@ async def archive(
         if not dry_run:
             await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
             await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
-            await session.execute(delete(Job).where(old))
+            await session.execute(delete(Job).where(chosen))
             orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
             orphans = select(Prompt.prompt_id).where(orphan)
             # A chain's edges to or from a removed prompt go with it; a child's `after` keeps

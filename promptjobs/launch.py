@@ -32,6 +32,7 @@ from promptjobs.runtime import (
 from promptjobs.settings import Settings
 from promptjobs.tracing import Tracing, start_tracing
 from services.dispatch import PRIORITY_LEVELS
+from services.retention import keep_retention_schedule
 from workflows import search_attributes
 
 log = logging.getLogger("promptjobs")
@@ -201,6 +202,11 @@ async def serve(
         tasks.append(
             asyncio.create_task(
                 keep_registered(settings, projection.sessions, stop), name="worker registry"
+            )
+        )
+        tasks.append(
+            asyncio.create_task(
+                keep_retention_schedule(client, settings, stop), name="retention schedule"
             )
         )
     try:

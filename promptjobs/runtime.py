@@ -26,6 +26,7 @@ from temporalio.worker import Worker
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
 from activities.job_activities import JobActivities
+from activities.retention import RetentionActivities
 from api.app import create_app
 from api.changes import ChangeFeed
 from api.deps import Services
@@ -40,6 +41,7 @@ from promptjobs.settings import Settings
 from services.dispatch import Dispatcher
 from services.jobs import JobService
 from workflows.prompt_job import PromptJobWorkflow
+from workflows.retention import RetentionWorkflow
 
 log = logging.getLogger("promptjobs")
 
@@ -167,12 +169,13 @@ def build_worker(
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,
-        workflows=[PromptJobWorkflow],
+        workflows=[PromptJobWorkflow, RetentionWorkflow],
         activities=[
             activities.call_adapter,
             activities.finalize_success,
             activities.settle_job,
             activities.check_parents,
+            RetentionActivities(projection.sessions).archive_expired,
         ],
         max_concurrent_activities=settings.worker_max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.worker_max_concurrent_workflow_tasks,

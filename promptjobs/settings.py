@@ -175,6 +175,15 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(default=15.0, gt=0)
     """How often a worker records itself in the projection's `workers` table (what
     `promptjobs status` shows: last heartbeat and configuration)."""
+    retention_days: float = Field(default=30.0, ge=0)
+    """Settled jobs finished longer ago than this are removed (with their events, and their
+    prompt and responses once the prompt has no job left), by a Temporal Schedule that the
+    workers keep (`promptjobs-retention-<task queue>`, in the Web UI's Schedules page).
+    Fractions of a day are allowed; 0 turns retention off and deletes the schedule."""
+    retention_interval_s: float = Field(default=3600.0, gt=0)
+    """How often the retention schedule runs."""
+    retention_batch: int = Field(default=500, ge=1)
+    """Jobs the retention run removes per transaction (each holds the write lock briefly)."""
     otel_traces_exporter: Literal["otlp", "console", "none"] | None = Field(
         default=None,
         validation_alias=AliasChoices("OTEL_TRACES_EXPORTER"),

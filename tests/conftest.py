@@ -113,6 +113,8 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "shutdown_grace_s": 2.0,
         # Tests read the queue-depth gauge right after changing it.
         "metrics_cache_s": 0.0,
+        # No retention schedule on the shared dev server unless a test asks for one.
+        "retention_days": 0.0,
     }
     values.update(overrides)
     return Settings(**values)

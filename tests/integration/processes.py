@@ -38,6 +38,7 @@ def process_env(settings: Settings, **extra: object) -> dict[str, str]:
             "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(settings.heartbeat_timeout_s),
             "PROMPTJOBS_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
             "PROMPTJOBS_DISPATCHER_INTERVAL_S": str(settings.dispatcher_interval_s),
+            "PROMPTJOBS_RETENTION_DAYS": str(settings.retention_days),
         }
     )
     env.update({f"PROMPTJOBS_{k.upper()}": str(v) for k, v in extra.items()})

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.replay.record_histories        # rewrites tests/replay/histories/
     .venv/bin/python -m tests.replay.record_histories --version v5 chain_waits_then_runs ...
+    .venv/bin/python -m tests.replay.record_histories retention   # RetentionWorkflow's run
 
 Run it after an intended, versioned workflow change (see docs/workflow-versioning.md), and
 commit the new histories *beside* the old ones: the old ones keep guarding in-flight jobs.
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import sys
 import tempfile
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,8 +28,11 @@ from promptjobs.runtime import build_dispatcher, temporal_cli
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from workflows import search_attributes
+from workflows.contracts import ArchiveExpired
+from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
+RETENTION_HISTORIES = HISTORIES / "retention"
 VERSION = "v3"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
@@ -215,6 +220,25 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
+async def record_retention(env: WorkflowEnvironment) -> None:
+    """One run of the retention schedule's workflow (RetentionWorkflow), removing one job."""
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = make_settings(Path(tmp))
+        async with running_stack(settings, env.client, run_worker=False) as stack:
+            await _run(stack)
+            workflow_id = f"retention-{uuid.uuid4().hex[:8]}"
+            async with new_worker(stack.settings, stack.client, stack.projection):
+                report = await env.client.execute_workflow(
+                    RetentionWorkflow.run,
+                    ArchiveExpired(retention_days=0.0),
+                    id=workflow_id,
+                    task_queue=settings.temporal_task_queue,
+                )
+            path = RETENTION_HISTORIES / "v1-archive.json"
+            path.write_text(await export_history(env.client, workflow_id))
+            print(f"retention            removed {report.jobs} → {path.relative_to(Path.cwd())}")
+
+
 async def record(names: list[str], version: str = VERSION) -> None:
     env = await WorkflowEnvironment.start_local(
         port=free_port(),
@@ -224,6 +248,9 @@ async def record(names: list[str], version: str = VERSION) -> None:
         dev_server_log_level="error",
     )
     try:
+        if "retention" in names:
+            names = [name for name in names if name != "retention"]
+            await record_retention(env)
         for name in names:
             with tempfile.TemporaryDirectory() as tmp:
                 settings = make_settings(

@@ -22,8 +22,10 @@ from temporalio.worker import Replayer
 from tests.conftest import Stack
 from workflows.contracts import PromptJobInput, PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow
+from workflows.retention import RetentionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+RETENTION_HISTORIES = sorted((Path(__file__).parent / "histories" / "retention").glob("*.json"))
 PATHS = {
     "success", "retry_then_success", "exhausted", "non_retryable", "rate_limited",
     "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
@@ -58,6 +60,17 @@ async def test_history_replays_on_the_current_workflow(path: Path) -> None:
         f"{path.name} no longer replays: the change to PromptJobWorkflow is not "
         f"deterministic for jobs in flight; guard it with workflow.patched() "
         f"(docs/workflow-versioning.md). Cause: {result.replay_failure}"
+    )
+
+
+@pytest.mark.parametrize("path", RETENTION_HISTORIES, ids=[p.stem for p in RETENTION_HISTORIES])
+async def test_retention_history_replays_on_the_current_workflow(path: Path) -> None:
+    result = await Replayer(workflows=[RetentionWorkflow]).replay_workflow(
+        load(path), raise_on_replay_failure=False
+    )
+    assert result.replay_failure is None, (
+        f"{path.name} no longer replays on RetentionWorkflow: guard the change with "
+        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
     )
 
 

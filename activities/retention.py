@@ -1,0 +1,33 @@
+"""The retention schedule's activity: `jobs archive` in batches, heartbeating between them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from temporalio import activity
+
+from projections import operations
+from workflows.contracts import ArchiveExpired, ArchiveReport
+
+
+class RetentionActivities:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    @activity.defn(name="archive_expired")
+    async def archive_expired(self, request: ArchiveExpired) -> ArchiveReport:
+        """Remove every terminal job finished more than `retention_days` ago, a batch per
+        transaction so that job writes interleave; a retried run resumes where one ended,
+        since each batch is committed on its own."""
+        before = datetime.now(UTC) - timedelta(days=request.retention_days)
+        report = ArchiveReport(before=before.isoformat())
+        while True:
+            done = await operations.archive(self.sessions, before=before, batch=request.batch)
+            report.jobs += done.jobs
+            report.events += done.events
+            report.prompts += done.prompts
+            report.responses += done.responses
+            activity.heartbeat(report.jobs)
+            if done.jobs < request.batch:
+                return report
