@@ -188,6 +188,17 @@ def validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
 # FastAPI's answer when the body cannot even be decoded as text (JSON errors have their own).
 FASTAPI_BODY_UNREADABLE = "There was an error parsing the body"
 NOT_UTF8 = {"type": "json_invalid", "loc": ("body", 0), "ctx": {"error": "not UTF-8 text"}}
+TOO_DEEP = {
+    "type": "json_invalid",
+    "loc": ("body", 0),
+    "ctx": {"error": "nested too deeply (arrays and objects within each other)"},
+}
+
+
+def unreadable_body(cause: BaseException | None) -> dict[str, Any]:
+    """Why FastAPI could not read the body: the JSON parser's recursion limit, else the text."""
+    return TOO_DEEP if isinstance(cause, RecursionError) else NOT_UTF8
+
 
 HTTP_CODES = {
     404: ("not_found", "no such route; see /docs for the API"),
@@ -239,7 +250,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == FASTAPI_BODY_UNREADABLE:
-            return problem_response(validation_problem([NOT_UTF8]), request)
+            return problem_response(validation_problem([unreadable_body(exc.__cause__)]), request)
         code, detail = _http_detail(exc)
         return problem_response(
             Problem(

@@ -15,7 +15,7 @@ import json
 import re
 import time
 import uuid
-from collections import Counter, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -36,6 +36,9 @@ DIRECTIVE = "mock:"
 PROMPT_DIRECTIVE = re.compile(r"(?:^|\s)mock:(\S*)")
 # A `hang` lasts until the client gives up, but never longer than this.
 HANG_LIMIT_S = 600.0
+SEEN_KEYS = 100_000
+# The request log keeps this much of each prompt and system text (`…` marks a cut).
+LOGGED_CHARS = 4_096
 
 
 class Script(BaseModel):
@@ -84,7 +87,9 @@ class ChatCall:
 
     @property
     def key(self) -> str:
-        return f"{self.api}\0{self.model}\0{self.prompt}"
+        """A digest, so that remembering a 100 kB prompt costs as little as a short one."""
+        whole = f"{self.api}\0{self.model}\0{self.prompt}".encode()
+        return hashlib.blake2b(whole, digest_size=16).hexdigest()
 
     def script(self) -> Script:
         """The directive in the model name, else in the prompt, else none: success."""
@@ -102,7 +107,10 @@ class MockProvider:
     """The mock's state: per-prompt request counts, the admin queue, the request log."""
 
     def __init__(self) -> None:
-        self.seen: Counter[str] = Counter()
+        # Requests per prompt key, the least recently seen forgotten past SEEN_KEYS: a mock
+        # fed by a long soak of distinct prompts keeps a bounded memory (a forgotten key
+        # starts its script over, which a soak never relies on).
+        self.seen: OrderedDict[str, int] = OrderedDict()
         self.queue: deque[Plan] = deque()
         # Bounded, so a long-running mock does not grow without end.
         self.log: deque[dict[str, Any]] = deque(maxlen=10_000)
@@ -117,8 +125,10 @@ class MockProvider:
         return len(script.fail)
 
     def plan(self, call: ChatCall) -> tuple[int, Plan]:
-        self.seen[call.key] += 1
-        attempt = self.seen[call.key]
+        attempt = self.seen.pop(call.key, 0) + 1
+        self.seen[call.key] = attempt
+        if len(self.seen) > SEEN_KEYS:
+            self.seen.popitem(last=False)
         if self.queue:
             return attempt, self.queue.popleft()
         script = call.script()
@@ -185,8 +195,8 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             {
                 "api": api,
                 "model": call.model,
-                "prompt": call.prompt,
-                "system": call.system,
+                "prompt": _logged(call.prompt),
+                "system": None if call.system is None else _logged(call.system),
                 "max_tokens": call.max_tokens,
                 "temperature": call.temperature,
                 "attempt": attempt,
@@ -385,3 +395,7 @@ def _error(api: Api, status: int, message: str, headers: dict[str, str] | None =
     return Response(
         json.dumps(body), status_code=status, media_type="application/json", headers=headers
     )
+
+
+def _logged(text: str) -> str:
+    return text if len(text) <= LOGGED_CHARS else text[:LOGGED_CHARS] + "…"

@@ -87,7 +87,8 @@ class Settings(BaseSettings):
     """Delay after a `rate_limit` when the provider sent no `Retry-After`."""
 
     max_prompt_bytes: int = 100_000
-    """Largest prompt the API accepts, in UTF-8 bytes."""
+    """Largest prompt the API accepts, in UTF-8 bytes (with `options.system`, which goes to
+    the provider with it)."""
     worker_max_concurrent_activities: int = Field(default=1000, ge=1)
     """Activities (adapter calls and projection writes) one worker runs at once."""
     worker_max_concurrent_workflow_tasks: int = Field(default=100, ge=2)

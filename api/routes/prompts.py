@@ -51,13 +51,16 @@ async def submit_prompt(
         ),
     ] = None,
 ) -> Accepted:
-    size = len(body.prompt.encode())
+    # The system text goes to the provider with the prompt, so it counts against the limit.
+    system = body.options.system or ""
+    size = len(body.prompt.encode()) + len(system.encode())
     if size > services.max_prompt_bytes:
+        counted = "the prompt and options.system are" if system else "the prompt is"
         raise Problem(
             413,
             "prompt_too_large",
             "Prompt too large",
-            f"the prompt is {size} bytes of UTF-8; the limit is {services.max_prompt_bytes}: "
+            f"{counted} {size} bytes of UTF-8; the limit is {services.max_prompt_bytes}: "
             "send a shorter prompt",
         )
     options = body.options_as_sent()

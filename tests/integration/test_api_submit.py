@@ -202,6 +202,31 @@ async def test_a_prompt_over_the_limit_is_413(small_stack: Stack) -> None:
     assert "66 bytes" in problem["detail"] and "limit is 64" in problem["detail"]
 
 
+async def test_the_system_text_counts_against_the_prompt_limit(small_stack: Stack) -> None:
+    body = {"prompt": "x" * 40, "options": {"system": "y" * 30}}
+    over = await small_stack.http.post("/v1/prompts", json=body)
+
+    problem = assert_problem(over, 413, "prompt_too_large")
+    assert "70 bytes" in problem["detail"] and "options.system" in problem["detail"]
+
+
+async def test_a_deeply_nested_body_is_422_saying_so(small_stack: Stack) -> None:
+    nested = b'{"prompt": "x", "options": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    response = await small_stack.http.post(
+        "/v1/prompts", content=nested, headers={"Content-Type": "application/json"}
+    )
+    problem = assert_problem(response, 422, "invalid_json")
+    assert "nested" in problem["detail"] and "UTF-8" not in problem["detail"], problem
+
+
+async def test_a_body_that_is_not_utf8_is_422_saying_so(small_stack: Stack) -> None:
+    response = await small_stack.http.post(
+        "/v1/prompts", content=b'{"prompt": "\xff"}', headers={"Content-Type": "application/json"}
+    )
+    problem = assert_problem(response, 422, "invalid_json")
+    assert "UTF-8" in problem["detail"], problem
+
+
 async def test_a_body_far_over_the_limit_is_refused_before_it_is_parsed(
     small_stack: Stack,
 ) -> None:
