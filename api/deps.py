@@ -30,7 +30,9 @@ class Services:
     metrics_token: str | None = field(default=None, repr=False)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: FastAPI would run a plain `def` dependency in its thread pool, a thread hop
+    # per request for one attribute read.
     services: Services = request.app.state.services
     return services
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -218,6 +219,10 @@ async def serve(
                         f"the API did not start on {settings.api_host}:{settings.api_port}"
                     )
                 await asyncio.sleep(0.02)
+        # Everything built so far (modules, the app, models, the Temporal client) lives as
+        # long as the process: out of the collector's sight, a full collection no longer
+        # walks it (on the API under load: pauses of 100–180 ms each before).
+        gc.freeze()
         if on_ready is not None:
             on_ready()
         stopped = asyncio.create_task(stop.wait())
