@@ -19,6 +19,7 @@ from projections.errors import (
     IdempotencyConflict,
     InvalidState,
     NotFound,
+    RetryLimit,
     database_unavailable,
 )
 
@@ -44,6 +45,8 @@ class ProblemDetails(BaseModel):
     errors: list[FieldError] = Field(default_factory=list)
     job_id: str | None = Field(default=None, description="The job, when a job is in the way")
     state: str | None = Field(default=None, description="Its state, when that is the problem")
+    prompt_id: str | None = Field(default=None, description="The prompt, when it is in the way")
+    limit: int | None = Field(default=None, description="The limit reached, for `retry_limit`")
 
 
 class Problem(Exception):
@@ -78,7 +81,10 @@ def not_found(what: str, ident: str) -> Problem:
     return Problem(404, "not_found", "Not found", f"no {what} {ident!r} in your organisation")
 
 
-def domain_problem(err: NotFound | InvalidState | IdempotencyConflict | InvalidOptions) -> Problem:
+Refusal = NotFound | InvalidState | IdempotencyConflict | InvalidOptions | RetryLimit
+
+
+def domain_problem(err: Refusal) -> Problem:
     """The one mapping of the domain's refusals to problem details."""
     if isinstance(err, NotFound):
         return not_found(err.what, err.ident)
@@ -90,6 +96,16 @@ def domain_problem(err: NotFound | InvalidState | IdempotencyConflict | InvalidO
             str(err),
             job_id=err.job_id,
             state=err.state.value,
+        )
+    if isinstance(err, RetryLimit):
+        return Problem(
+            409,
+            "retry_limit",
+            "Retry limit reached",
+            str(err),
+            job_id=err.job_id,
+            prompt_id=err.prompt_id,
+            limit=err.limit,
         )
     if isinstance(err, IdempotencyConflict):
         return Problem(
@@ -237,10 +253,10 @@ def install(app: FastAPI) -> None:
         return problem_response(exc, request)
 
     async def _domain(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, NotFound | InvalidState | IdempotencyConflict | InvalidOptions)
+        assert isinstance(exc, Refusal)
         return problem_response(domain_problem(exc), request)
 
-    for refusal in (NotFound, InvalidState, IdempotencyConflict, InvalidOptions):
+    for refusal in (NotFound, InvalidState, IdempotencyConflict, InvalidOptions, RetryLimit):
         app.add_exception_handler(refusal, _domain)
 
     @app.exception_handler(RequestValidationError)

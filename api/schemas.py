@@ -120,10 +120,16 @@ class PromptOut(BaseModel):
     after: list[str] = Field(description="The prompts this one runs after (its parents)")
     children: list[str] = Field(description="The prompts that run after this one, you can see")
     created_at: datetime
-    jobs: list[JobOut] = Field(description="Every job of this prompt, oldest first")
+    jobs: list[JobOut] = Field(
+        description="Its jobs, oldest first, the last the current one: every job on the "
+        "prompt's own page, the newest 10 in a listing"
+    )
+    job_count: int = Field(description="How many jobs the prompt has had (retries included)")
 
     @classmethod
-    def of(cls, prompt: Prompt, jobs: list[Job], children: list[str]) -> PromptOut:
+    def of(
+        cls, prompt: Prompt, jobs: list[Job], children: list[str], job_count: int | None = None
+    ) -> PromptOut:
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
@@ -135,6 +141,7 @@ class PromptOut(BaseModel):
             children=children,
             created_at=prompt.created_at,
             jobs=[JobOut.of(job) for job in jobs],
+            job_count=len(jobs) if job_count is None else job_count,
         )
 
 

@@ -37,5 +37,18 @@ class InvalidState(Exception):
         super().__init__(f"job {job_id} is {state.value}; cannot {action} it")
 
 
+class RetryLimit(Exception):
+    """The prompt has had as many jobs as one prompt may (`max_jobs_per_prompt`)."""
+
+    def __init__(self, job_id: str, prompt_id: str, limit: int) -> None:
+        self.job_id = job_id
+        self.prompt_id = prompt_id
+        self.limit = limit
+        super().__init__(
+            f"prompt {prompt_id} has had {limit} jobs, as many as one prompt may; submit the "
+            "prompt again as a new one to run it once more"
+        )
+
+
 class IdempotencyConflict(Exception):
     """The same Idempotency-Key was used before with a different request body."""

@@ -8,11 +8,16 @@ from typing import Any, cast
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import aliased
 
 from projections.db import VisibleHorizon
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, Prompt, PromptParent, Response
 from projections.scope import Scope, get_visible, scoped
+
+# A listing of prompts shows this many of each prompt's jobs, the newest; the prompt's own page
+# shows them all.
+LISTED_JOBS = 10
 
 
 @dataclass
@@ -95,6 +100,8 @@ class JobReads:
         return int((await session.execute(newest)).scalar() or 0)
 
     async def prompt(self, scope: Scope, prompt_id: str) -> tuple[Prompt, list[Job]]:
+        """The prompt and every job it has had, oldest first: at most `max_jobs_per_prompt`,
+        since a retry past that is refused."""
         async with self.sessions() as session:
             prompt = await get_visible(session, Prompt, "prompt", prompt_id, scope)
             jobs = (
@@ -126,9 +133,10 @@ class JobReads:
 
     async def prompts_before(
         self, scope: Scope, limit: int, before: str | None = None
-    ) -> list[tuple[Prompt, list[Job]]]:
+    ) -> list[tuple[Prompt, list[Job], int]]:
         """The caller's prompts newest first (by creation, not by what their jobs did), each
-        with its jobs oldest first; `before` is the last prompt id of the previous page."""
+        with its newest LISTED_JOBS jobs oldest first (the last is the current one) and how
+        many it has; `before` is the last prompt id of the previous page."""
         stmt = scoped(select(Prompt), Prompt, scope)
         async with self.sessions() as session:
             if before is not None:
@@ -143,13 +151,30 @@ class JobReads:
             stmt = stmt.order_by(Prompt.created_at.desc(), Prompt.prompt_id.desc()).limit(limit)
             prompts = list((await session.execute(stmt)).scalars())
             jobs: dict[str, list[Job]] = {prompt.prompt_id: [] for prompt in prompts}
+            counts: dict[str, int] = dict.fromkeys(jobs, 0)
             if prompts:
-                rows = await session.execute(
-                    select(Job).where(Job.prompt_id.in_(jobs)).order_by(Job.created_at)
+                newest_first = (Job.created_at.desc(), Job.job_id.desc())
+                ranked = (
+                    select(
+                        Job,
+                        func.row_number()
+                        .over(partition_by=Job.prompt_id, order_by=newest_first)
+                        .label("rank"),
+                        func.count().over(partition_by=Job.prompt_id).label("total"),
+                    )
+                    .where(Job.prompt_id.in_(jobs))
+                    .subquery()
                 )
-                for job in rows.scalars():
+                listed = aliased(Job, ranked)
+                rows = await session.execute(
+                    select(listed, ranked.c.total)
+                    .where(ranked.c.rank <= LISTED_JOBS)
+                    .order_by(ranked.c.created_at, ranked.c.job_id)
+                )
+                for job, total in rows.all():
                     jobs[job.prompt_id].append(job)
-        return [(prompt, jobs[prompt.prompt_id]) for prompt in prompts]
+                    counts[job.prompt_id] = total
+        return [(prompt, jobs[prompt.prompt_id], counts[prompt.prompt_id]) for prompt in prompts]
 
     async def response(self, scope: Scope, response_id: str) -> Response:
         async with self.sessions() as session:

@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import WriteTx
-from projections.errors import IdempotencyConflict, InvalidState, NotFound
+from projections.errors import IdempotencyConflict, InvalidState, NotFound, RetryLimit
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
 from projections.models import Base, Job, Prompt, PromptParent, job_options
@@ -222,9 +222,18 @@ class JobWrites:
         statement.run(tx, {c.key: getattr(job, c.key) for c in JOBS.c})
         append_event(tx, job, job.last_event_id, now)
 
-    async def retry(self, scope: Scope, job_id: str, changes: RetryChanges | None = None) -> Job:
+    async def retry(
+        self,
+        scope: Scope,
+        job_id: str,
+        changes: RetryChanges | None = None,
+        *,
+        max_jobs: int | None = None,
+    ) -> Job:
         """A user retry: a new queued job for the same prompt that supersedes `job_id`, with
-        the old job's options, priority and max_attempts unless `changes` replaces them."""
+        the old job's options, priority and max_attempts unless `changes` replaces them.
+        A prompt that already has `max_jobs` jobs is refused (RetryLimit): its history, and
+        every read of it, stays bounded."""
         changes = changes or RetryChanges()
         if not plausible(job_id):
             raise NotFound("job", job_id)
@@ -237,6 +246,10 @@ class JobWrites:
                 raise NotFound("job", job_id)
             if not old.state.is_retryable_by_user():
                 raise InvalidState(old.job_id, old.state, "retry")
+            if max_jobs is not None:
+                count = select(func.count()).where(JOBS.c.prompt_id == old.prompt_id)
+                if tx.execute(count).scalar_one() >= max_jobs:
+                    raise RetryLimit(old.job_id, old.prompt_id, max_jobs)
             row = tx.execute(select(PROMPTS).where(PROMPTS.c.prompt_id == old.prompt_id)).first()
             assert row is not None
             prompt = dict(row._mapping)

@@ -17,7 +17,7 @@ import typer
 from activities.adapters.base import InvalidOptions
 from projections import operations, workers
 from projections.chain_store import parents_state
-from projections.errors import InvalidState, NotFound
+from projections.errors import InvalidState, NotFound, RetryLimit
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, WorkerProcess
 from projections.projector import utcnow
@@ -239,7 +239,7 @@ def _acting(work: Any, job_id: str) -> Job:
         raise CliError(f"no job {job_id}") from err
     except InvalidOptions as err:
         raise CliError(f"--options: {err}") from err
-    except InvalidState as err:
+    except (InvalidState, RetryLimit) as err:
         raise CliError(str(err)) from err
     return job
 

@@ -221,7 +221,7 @@ async def serve(
                 await asyncio.sleep(0.02)
         # Everything built so far (modules, the app, models, the Temporal client) lives as
         # long as the process: out of the collector's sight, a full collection no longer
-        # walks it (on the API under load: pauses of 100–180 ms each before).
+        # walks it (on the API under load: pauses of 100-180 ms each before).
         gc.freeze()
         if on_ready is not None:
             on_ready()

@@ -207,6 +207,7 @@ def build_job_service(
         adapters,
         max_attempts_default=settings.max_attempts_default,
         metrics_org_labels=settings.metrics_org_labels,
+        max_jobs_per_prompt=settings.max_jobs_per_prompt,
     )
 
 

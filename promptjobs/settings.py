@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     rate_limit_default_s: float = 60.0
     """Delay after a `rate_limit` when the provider sent no `Retry-After`."""
 
+    max_jobs_per_prompt: int = Field(default=50, ge=1)
+    """Jobs one prompt may have, retries included: a retry past it is a `409 retry_limit`
+    (submit the prompt again as a new one). Keeps every read of a prompt bounded."""
     max_prompt_bytes: int = 100_000
     """Largest prompt the API accepts, in UTF-8 bytes (with `options.system`, which goes to
     the provider with it)."""

@@ -25,12 +25,14 @@ class JobService:
         *,
         max_attempts_default: int,
         metrics_org_labels: bool = False,
+        max_jobs_per_prompt: int | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.adapters = adapters
         self.max_attempts_default = max_attempts_default
         self.metrics_org_labels = metrics_org_labels
+        self.max_jobs_per_prompt = max_jobs_per_prompt
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions now rather than fail the job minutes later."""
@@ -74,7 +76,7 @@ class JobService:
     ) -> Job:
         if changes is not None and changes.options is not None:
             self.validate_options(changes.options)
-        job = await self.store.retry(scope, job_id, changes)
+        job = await self.store.retry(scope, job_id, changes, max_jobs=self.max_jobs_per_prompt)
         if wait:
             await self.dispatcher.start_now(job)
         else:

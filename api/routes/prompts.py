@@ -103,17 +103,18 @@ async def list_prompts(
         str | None, Query(max_length=40, description="A `next_before`: the page after it")
     ] = None,
 ) -> PromptList:
-    """The caller's prompts, newest submitted first, each with all its jobs (oldest first; the
-    last is the current one). `cursor` lets a client follow changes from this read on."""
+    """The caller's prompts, newest submitted first, each with its newest 10 jobs (oldest
+    first; the last is the current one) and `job_count`. `cursor` lets a client follow
+    changes from this read on."""
     # Read the cursor first: any change committed after it is also after the page below.
     cursor = await services.store.latest_event_id()
     # One more than asked tells whether an older page exists.
     page = await services.store.prompts_before(caller, limit + 1, before)
     more = len(page) > limit
     page = page[:limit]
-    children = await services.store.children(caller, [prompt.prompt_id for prompt, _ in page])
+    children = await services.store.children(caller, [prompt.prompt_id for prompt, *_ in page])
     return PromptList(
-        prompts=[PromptOut.of(p, jobs, children[p.prompt_id]) for p, jobs in page],
+        prompts=[PromptOut.of(p, jobs, children[p.prompt_id], n) for p, jobs, n in page],
         next_before=page[-1][0].prompt_id if more else None,
         cursor=str(cursor),
     )
