@@ -138,6 +138,7 @@ class Service:
             "PROMPTJOBS_API_PORT": str(s.api_port),
             "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(s.heartbeat_timeout_s),
             "PROMPTJOBS_SHUTDOWN_GRACE_S": "2",
+            "PROMPTJOBS_FAKE_ADAPTER": "true",
         }
 
     def spawn(self, command: str) -> subprocess.Popen[bytes]:
@@ -186,6 +187,7 @@ def bench_settings(data_dir: Path, **overrides: object) -> Settings:
         "data_dir": data_dir,
         "api_port": free_port(),
         "temporal_task_queue": f"bench-{uuid.uuid4().hex[:8]}",
+        "fake_adapter": True,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

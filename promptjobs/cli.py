@@ -84,6 +84,9 @@ def dev(
 ) -> None:
     """Run everything embedded: Temporal dev server + Web UI, a worker, the API, SQLite."""
     settings = settings_with(api_port=api_port, temporal_ui_port=ui_port, data_dir=data_dir)
+    if "fake_adapter" not in settings.model_fields_set:
+        # The embedded stack is for trying things: the fake provider is on unless turned off.
+        settings = settings.model_copy(update={"fake_adapter": True})
     if temporal_port is not None:
         settings = settings.model_copy(update={"temporal_address": f"127.0.0.1:{temporal_port}"})
     typer.echo("starting the Temporal dev server, a worker and the API…")

@@ -108,14 +108,15 @@ def worker_config(settings: Settings) -> dict[str, Any]:
         "max_concurrent_workflow_tasks": settings.worker_max_concurrent_workflow_tasks,
         "heartbeat_timeout_s": settings.heartbeat_timeout_s,
         "shutdown_grace_s": settings.shutdown_grace_s,
-        "default_provider": settings.default_provider,
+        "default_provider": settings.provider_default,
         "providers_configured": [
             name
-            for name, key in (
-                ("openai", settings.openai_api_key),
-                ("anthropic", settings.anthropic_api_key),
+            for name, on in (
+                ("fake", settings.fake_adapter),
+                ("openai", settings.openai_api_key is not None),
+                ("anthropic", settings.anthropic_api_key is not None),
             )
-            if key is not None
+            if on
         ],
         "metrics_port": settings.worker_metrics_port,
         "tracing": settings.tracing_exporter or "off",

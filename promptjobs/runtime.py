@@ -101,7 +101,7 @@ def build_adapters(settings: Settings) -> AdapterRegistry:
     from activities.adapters.openai_compat import OpenAICompatAdapter
 
     adapters: list[Adapter] = [
-        FakeAdapter(),
+        FakeAdapter(enabled=settings.fake_adapter),
         OpenAICompatAdapter(
             api_key=settings.openai_api_key,
             base_url=settings.openai_base_url,
@@ -118,7 +118,7 @@ def build_adapters(settings: Settings) -> AdapterRegistry:
             max_tokens=settings.anthropic_max_tokens,
         ),
     ]
-    return AdapterRegistry({a.name: a for a in adapters}, default=settings.default_provider)
+    return AdapterRegistry({a.name: a for a in adapters}, default=settings.provider_default)
 
 
 async def connect_temporal(

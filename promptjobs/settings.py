@@ -135,8 +135,14 @@ class Settings(BaseSettings):
     elsewhere), and how long the API lets in-flight requests finish."""
 
     # Providers (docs/providers.md). Credentials are never logged.
-    default_provider: Literal["fake", "openai", "anthropic"] = "fake"
-    """Provider of a job whose options name none."""
+    fake_adapter: bool = False
+    """Offer the `fake` provider (deterministic output; `options.fake` injects latency and
+    failures). On in `promptjobs dev` and the tests; off by default for `promptjobs api` and
+    `promptjobs worker`, where any member could otherwise hold worker slots for a job's whole
+    ceiling. Off, a submission naming it is a `422`."""
+    default_provider: Literal["fake", "openai", "anthropic"] | None = None
+    """Provider of a job whose options name none. Unset: `fake` where the fake provider is on,
+    else `openai` unless only `anthropic` has a key."""
     openai_api_key: SecretStr | None = None
     """API key of the OpenAI-compatible provider."""
     openai_base_url: str | None = None
@@ -221,6 +227,17 @@ class Settings(BaseSettings):
                 "go together: set both or neither"
             )
         return self
+
+    @property
+    def provider_default(self) -> Literal["fake", "openai", "anthropic"]:
+        """The provider of a job whose options name none (`default_provider`, resolved)."""
+        if self.default_provider is not None:
+            return self.default_provider
+        if self.fake_adapter:
+            return "fake"
+        if self.anthropic_api_key is not None and self.openai_api_key is None:
+            return "anthropic"
+        return "openai"
 
     @property
     def projection_url(self) -> str:

@@ -115,6 +115,8 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "metrics_cache_s": 0.0,
         # No retention schedule on the shared dev server unless a test asks for one.
         "retention_days": 0.0,
+        # The tests run their jobs on the fake provider (off by default outside `dev`).
+        "fake_adapter": True,
     }
     values.update(overrides)
     return Settings(**values)

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from activities.adapters.base import AdapterRequest, parse_options
+from activities.adapters.base import AdapterRequest, InvalidOptions, parse_options
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.lifecycle import AttemptResult, ErrorKind
@@ -19,10 +19,24 @@ def fake_output(prompt: str) -> str:
 
 
 class FakeAdapter:
+    """Only where it is turned on (`PROMPTJOBS_FAKE_ADAPTER`): off, a job naming it is refused
+    at submission, and a worker that has it off fails such a job (`provider_4xx`) unrun."""
+
     name = "fake"
-    configured = True
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+
+    @property
+    def configured(self) -> bool:
+        return self.enabled
 
     def validate(self, options: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            raise InvalidOptions(
+                "the fake provider is off on this deployment: name a real provider in "
+                "options.provider (or set PROMPTJOBS_FAKE_ADAPTER=true where it should be on)"
+            )
         self._behaviour(options)
 
     @staticmethod
@@ -30,6 +44,7 @@ class FakeAdapter:
         return parse_options(PromptOptions, dict(options), "options").fake or FakeOptions()
 
     async def complete(self, request: AdapterRequest) -> AttemptResult:
+        self.validate(request.options)
         behaviour = self._behaviour(request.options)
         if behaviour.latency_ms:
             await asyncio.sleep(behaviour.latency_ms / 1000)

@@ -39,6 +39,7 @@ def process_env(settings: Settings, **extra: object) -> dict[str, str]:
             "PROMPTJOBS_SHUTDOWN_GRACE_S": str(settings.shutdown_grace_s),
             "PROMPTJOBS_DISPATCHER_INTERVAL_S": str(settings.dispatcher_interval_s),
             "PROMPTJOBS_RETENTION_DAYS": str(settings.retention_days),
+            "PROMPTJOBS_FAKE_ADAPTER": str(settings.fake_adapter).lower(),
         }
     )
     env.update({f"PROMPTJOBS_{k.upper()}": str(v) for k, v in extra.items()})

@@ -43,6 +43,7 @@ def live_api(
         "PROMPTJOBS_API_PORT": str(port),
         "PROMPTJOBS_TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
         "PROMPTJOBS_TEMPORAL_TASK_QUEUE": f"schemathesis-{port}",
+        "PROMPTJOBS_FAKE_ADAPTER": "true",
     }
     created = subprocess.run(
         [PROMPTJOBS, "keys", "create", "--org", "acme", "--user", "alice", "--json"],

@@ -36,6 +36,7 @@ def cli_env(stack: Stack, **overrides: str) -> dict[str, str]:
         "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
         "PROMPTJOBS_TEMPORAL_TASK_QUEUE": stack.settings.temporal_task_queue,
         "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
+        "PROMPTJOBS_FAKE_ADAPTER": "true",
         **overrides,
     }
 

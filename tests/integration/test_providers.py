@@ -18,7 +18,9 @@ from temporalio.testing import WorkflowEnvironment
 from activities.adapters.base import AdapterRequest
 from projections.models import JobEvent
 from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.runtime import build_adapters
+from promptjobs.settings import Settings
 from tests.conftest import (
     MockProviderServer,
     Stack,
@@ -242,8 +244,41 @@ async def test_provider_without_credential_is_refused_at_submission(
             )
             assert response.status_code == 422
             assert f"set PROMPTJOBS_{provider.upper()}_API_KEY" in response.json()["detail"]
-        # The fake provider, the embedded default, still needs nothing.
+        # The fake provider, where it is on (dev, tests), still needs nothing.
         assert (await stack.http.post("/v1/prompts", json={"prompt": "hi"})).status_code == 202
+
+
+async def test_the_fake_provider_is_off_unless_configured(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """As `promptjobs api` / `worker` start by default: no member can hold worker slots with
+    `options.fake` (an hour of latency, `stuck` attempts), and no job falls back to it."""
+    assert Settings(_env_file=None).fake_adapter is False  # type: ignore[call-arg]
+    settings = make_settings(tmp_path, fake_adapter=False)
+    async with running_stack(settings, dev_server.client) as stack:
+        hold = {"fake": {"fail": ["stuck"]}, "provider": "fake"}
+        response = await stack.http.post(
+            "/v1/prompts", json={"prompt": "hold a slot", "options": hold, "max_attempts": 10}
+        )
+        assert response.status_code == 422
+        assert response.json()["code"] == "invalid_options"
+        assert "the fake provider is off" in response.json()["detail"]
+        assert "PROMPTJOBS_FAKE_ADAPTER=true" in response.json()["detail"]
+        # Naming no provider falls back to a real one, here without its key: refused too.
+        response = await stack.http.post("/v1/prompts", json={"prompt": "hi"})
+        assert response.status_code == 422
+        assert "set PROMPTJOBS_OPENAI_API_KEY" in response.json()["detail"]
+
+        # A fake job accepted where it was on (another API's configuration) never runs on a
+        # worker that has it off: it fails at once, unretried, saying why.
+        scope = Scope("acme", "alice", "member")
+        options = {"provider": "fake", "fake": {"latency_ms": 3_600_000}}
+        accepted = await stack.projection.store.submit(
+            scope, Submission("elsewhere", 50, 5, options)
+        )
+        job = await stack.settled(accepted.job.job_id, timeout=20)
+        assert (job["state"], job["error_kind"], job["attempt"]) == ("failed", "provider_4xx", 1)
+        assert "the fake provider is off" in job["error_message"]
 
 
 async def test_mock_provider_command_serves_until_terminated(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def test_the_openapi_document_types_every_error_as_problem_json() -> None:
     app = FastAPI()
     for module in (prompts, jobs, responses, events, health):
         app.include_router(module.router)
-    registry = AdapterRegistry({"fake": FakeAdapter()}, default="fake")
+    registry = AdapterRegistry({"fake": FakeAdapter(enabled=True)}, default="fake")
 
     document = exact_openapi(app, registry.names())
 

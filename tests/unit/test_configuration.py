@@ -59,3 +59,17 @@ def test_a_client_certificate_without_its_key_is_refused_at_start(tmp_path: Path
     assert result.returncode == 2
     assert "PROMPTJOBS_TEMPORAL_TLS_KEY_PATH" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_fake_provider_is_off_by_default_and_no_job_falls_back_to_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("FAKE_ADAPTER", "DEFAULT_PROVIDER", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(f"PROMPTJOBS_{name}", raising=False)
+    assert Settings(_env_file=None).fake_adapter is False  # type: ignore[call-arg]
+    assert Settings(_env_file=None).provider_default == "openai"  # type: ignore[call-arg]
+    assert Settings(anthropic_api_key="k").provider_default == "anthropic"
+    assert Settings(anthropic_api_key="k", openai_api_key="k").provider_default == "openai"
+    monkeypatch.setenv("PROMPTJOBS_FAKE_ADAPTER", "true")
+    assert Settings().provider_default == "fake"
+    assert Settings(default_provider="anthropic").provider_default == "anthropic"

@@ -131,7 +131,7 @@ def test_anthropic_overloaded_is_a_5xx_with_the_api_message() -> None:
 
 def _registry(**values: Any) -> Any:
     settings = Settings(
-        **{"openai_api_key": "k", "anthropic_api_key": "k", **values}  # type: ignore[arg-type]
+        **{"openai_api_key": "k", "anthropic_api_key": "k", "fake_adapter": True, **values},  # type: ignore[arg-type]
     )
     return build_adapters(settings)
 
