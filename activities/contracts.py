@@ -24,6 +24,10 @@ class AdapterCall:
     # Attempts an earlier workflow of the job made (PromptJobInput.attempts_before): Temporal
     # counts this workflow's attempts from 1, the job's count continues from here.
     attempt_offset: int = 0
+    # The job must hold one of its org's running slots before its first attempt starts
+    # (projections/admission.py); without one the activity fails ORG_BUSY and changes
+    # nothing. Set by workflows started since the patch `org-running-limit`.
+    admission: bool = False
 
 
 @dataclass
@@ -98,3 +102,11 @@ ATTEMPT_REPORTED = "attempt_reported"
 
 # The signal a chain's child gets when one of its parents succeeded: check them again.
 PARENTS_CHANGED = "parents_changed"
+
+# The ApplicationError type an attempt raises when its job's org has no free running slot:
+# nothing was changed, the job stays queued, and its workflow waits for SLOT_FREED (or its
+# re-check timer) before trying again. Its details are the org's running count and limit.
+ORG_BUSY = "org_busy"
+
+# The signal a job waiting for a slot gets when its org has room (sent by the dispatcher).
+SLOT_FREED = "slot_freed"

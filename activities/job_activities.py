@@ -23,6 +23,7 @@ from activities.adapters.base import AdapterRegistry, AdapterRequest, InvalidOpt
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
+    ORG_BUSY,
     PARENTS_CHANGED,
     AdapterCall,
     AdapterOutcome,
@@ -125,6 +126,7 @@ class JobActivities:
         backoff: BackoffPolicy,
         worker: str | None = None,
         report_running_after_s: float = 1.0,
+        org_max_running: int = 0,
     ) -> None:
         self.sessions = sessions
         self.projector = projector
@@ -135,6 +137,8 @@ class JobActivities:
         # this long: each report is a workflow task, and a quick call would pay one for a
         # state the operator never sees. The projection records `running` at once.
         self.report_running_after_s = report_running_after_s
+        # Each org's running limit where org_limits has no row of its own (0: no limit).
+        self.org_max_running = org_max_running
 
     @activity.defn(name="call_adapter")
     async def call_adapter(self, call: AdapterCall) -> AdapterOutcome:
@@ -150,10 +154,25 @@ class JobActivities:
             return await self._attempt(call, call.attempt_offset + activity.info().attempt)
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
+        org_limit = self.org_max_running if call.admission else None
         started = await through_outages(
             "start attempt",
-            lambda: self.projector.start_attempt(call.job_id, attempt, self.worker),
+            lambda: self.projector.start_attempt(
+                call.job_id, attempt, self.worker, org_limit=org_limit
+            ),
         )
+        if started.waiting is not None:
+            waiting = started.waiting
+            # Nothing changed: the job stays queued and its workflow waits for a slot.
+            raise ApplicationError(
+                waiting.describe(),
+                waiting.running,
+                waiting.limit,
+                type=ORG_BUSY,
+                non_retryable=True,
+                # Expected, not a fault: the SDK logs it quietly, metrics do not count it.
+                category=ApplicationErrorCategory.BENIGN,
+            )
         if started.state is JobState.SUCCEEDED and call.settle_success:
             # An earlier attempt settled the job, but Temporal never heard it complete (its
             # worker died after the commit): hand back that settlement, change nothing.

@@ -139,6 +139,8 @@ class Job(Base):
         Index("ix_jobs_undispatched", "dispatched_at", "state"),
         Index("ix_jobs_prompt", "prompt_id"),
         Index("ix_jobs_state_updated", "state", "updated_at"),
+        # The dispatcher's look for jobs waiting for a slot of their org's running limit.
+        Index("ix_jobs_awaiting_slot", "awaiting_slot_since"),
         one_of("state", JobState, "state"),
         one_of("error_kind", ErrorKind, "error_kind"),
     )
@@ -168,6 +170,11 @@ class Job(Base):
     scheduled_for: Mapped[datetime | None] = mapped_column(UTCDateTime())
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When the job took one of its org's running slots (projections/admission.py): from its
+    # first attempt's start until it settles it counts against the org's limit.
+    admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Since when its workflow waits for such a slot (null once admitted, or never refused).
+    awaiting_slot_since: Mapped[datetime | None] = mapped_column(UTCDateTime())
     last_event_id: Mapped[int] = mapped_column(EventId, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -243,3 +250,14 @@ class WorkerProcess(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime())
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class OrgLimit(Base):
+    """One org's own running limit, in place of PROMPTJOBS_ORG_MAX_RUNNING (0: no limit).
+    Set with `promptjobs orgs limit`; read by every worker at each admission."""
+
+    __tablename__ = "org_limits"
+
+    org: Mapped[str] = mapped_column(String(64), primary_key=True)
+    max_running: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections.admission import Waiting, admit
 from projections.db import GroupCommit, Prepared, WriteTx
 from projections.lifecycle import (
     AttemptResult,
@@ -71,6 +72,8 @@ class Applied:
     event_ids: list[int] = field(default_factory=list)
     error_kind: ErrorKind | None = None
     error_message: str | None = None
+    # Set when the attempt could not start because its org has no free slot.
+    waiting: Waiting | None = None
 
 
 def job_of(row: Row[Any]) -> Job:
@@ -239,14 +242,22 @@ class Projector:
 
         return self._committed(await self.writes.run(write))
 
-    async def start_attempt(self, job_id: str, attempt: int, worker: str) -> Applied:
+    async def start_attempt(
+        self, job_id: str, attempt: int, worker: str, *, org_limit: int | None = None
+    ) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
-        worker_crash before starting this one."""
+        worker_crash before starting this one. With `org_limit` (the default running limit)
+        the job must first hold one of its org's slots (projections/admission.py); without
+        one nothing changes and `waiting` says why."""
         running = Transition(job_id, JobState.RUNNING, attempt, worker=worker)
 
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
+            if org_limit is not None and (waiting := admit(tx, job_id, org_limit, now)):
+                seen = current(tx, job_id)
+                assert seen is not None  # admit found it
+                return Applied(False, seen.state, seen.attempt, waiting=waiting)
             job = transition(tx, running, now)
             if job is not None:
                 return _applied(job)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from promptjobs import cli_jobs
+from promptjobs import cli_jobs, cli_orgs
 from promptjobs.console import CliError, run
 from promptjobs.launch import (
     DevStack,
@@ -263,6 +263,7 @@ def history_export(
 
 
 cli_jobs.register(app)
+cli_orgs.register(app)
 
 
 def main() -> None:

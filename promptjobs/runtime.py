@@ -165,6 +165,7 @@ def build_worker(
         adapters,
         settings.backoff,
         report_running_after_s=settings.worker_report_running_after_s,
+        org_max_running=settings.org_max_running,
     )
     return Worker(
         client,
@@ -194,6 +195,7 @@ def build_dispatcher(settings: Settings, client: Client, projection: Projection)
         interval_s=settings.dispatcher_interval_s,
         reconcile_interval_s=settings.reconciler_interval_s,
         reconcile_grace_s=settings.reconciler_grace_s,
+        org_max_running=settings.org_max_running,
     )
 
 

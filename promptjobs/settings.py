@@ -135,6 +135,12 @@ class Settings(BaseSettings):
     elsewhere), and how long the API lets in-flight requests finish."""
 
     # Providers (docs/providers.md). Credentials are never logged.
+    org_max_running: int = Field(default=100, ge=0)
+    """Jobs one org may have running at once, across every worker: a job takes a slot when its
+    first attempt starts and holds it until it settles (waits between attempts included).
+    More wait `queued`, in priority order, and start as slots free up (the dispatcher wakes
+    them every `PROMPTJOBS_DISPATCHER_INTERVAL_S`). 0: no limit. An org's own limit, set
+    with `promptjobs orgs limit ORG N`, takes its place; workers and API read the same."""
     fake_adapter: bool = False
     """Offer the `fake` provider (deterministic output; `options.fake` injects latency and
     failures). On in `promptjobs dev` and the tests; off by default for `promptjobs api` and

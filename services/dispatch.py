@@ -22,7 +22,8 @@ from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.contracts import PARENTS_CHANGED
+from activities.contracts import PARENTS_CHANGED, SLOT_FREED
+from projections.admission import slot_waiters
 from projections.chain_store import ready_to_wake
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
@@ -40,6 +41,9 @@ T = TypeVar("T")
 # Temporal's matcher tells apart only `matching.priorityLevels` keys (default 5); the dev
 # server and docker-compose's dynamic config raise it to this, one level per priority.
 PRIORITY_LEVELS = 101
+
+# Signals in flight at once when the dispatcher wakes jobs waiting for their org's slots.
+WAKE_CONCURRENCY = 50
 
 
 def temporal_priority(priority: int, org: str) -> Priority:
@@ -101,6 +105,7 @@ class Dispatcher:
         reconcile_interval_s: float = 30.0,
         reconcile_grace_s: float = 60.0,
         page_size: int = 200,
+        org_max_running: int = 0,
     ) -> None:
         self.store = store
         self.client = client
@@ -112,6 +117,7 @@ class Dispatcher:
         self.reconcile_interval_s = reconcile_interval_s
         self.reconcile_grace_s = reconcile_grace_s
         self.page_size = page_size
+        self.org_max_running = org_max_running
         self._background: set[asyncio.Task[None]] = set()
         self.temporal_reachable: bool | None = None
         self.failures = ThrottledLog(log)
@@ -228,6 +234,7 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             await self._pass("scan", self.scan_once)
+            await self._pass("wake", self.wake_slot_waiters)
             if last_reconcile is None or loop.time() - last_reconcile >= self.reconcile_interval_s:
                 last_reconcile = loop.time()
                 await self._pass("reconcile", self.reconcile_once)
@@ -305,6 +312,27 @@ class Dispatcher:
             except RPCError as err:
                 if err.status is not RPCStatusCode.NOT_FOUND:
                     raise
+        return woken
+
+    async def wake_slot_waiters(self) -> int:
+        """Signal the jobs waiting for a running slot of their org, as many per org as it has
+        free (projections/admission.py). The slot is taken by the job's next attempt, in its
+        own transaction; a woken job that finds it gone meanwhile just waits again."""
+        waiters = await slot_waiters(self.store.sessions, self.org_max_running)
+
+        async def wake(job_id: str) -> int:
+            try:
+                await self.client.get_workflow_handle(job_id).signal(SLOT_FREED)
+            except RPCError as err:
+                if err.status is not RPCStatusCode.NOT_FOUND:
+                    raise
+                return 0
+            return 1
+
+        woken = 0
+        for first in range(0, len(waiters), WAKE_CONCURRENCY):
+            batch = waiters[first : first + WAKE_CONCURRENCY]
+            woken += sum(await asyncio.gather(*(wake(job_id) for job_id in batch)))
         return woken
 
     async def _describe(self, job_id: str) -> WorkflowExecutionStatus | None:

@@ -137,7 +137,7 @@ async def _truncate(projection: Projection) -> None:
     async with projection.engine.begin() as conn:
         await conn.execute(
             text(
-                "TRUNCATE api_keys, responses, job_events, jobs, prompts, workers "
+                "TRUNCATE api_keys, responses, job_events, jobs, prompts, workers, org_limits "
                 "RESTART IDENTITY CASCADE"
             )
         )

@@ -25,7 +25,9 @@ with workflow.unsafe.imports_passed_through():
     from activities.contracts import (
         ATTEMPT_REPORTED,
         JOB_CLOSED,
+        ORG_BUSY,
         PARENTS_CHANGED,
+        SLOT_FREED,
         AdapterCall,
         AdapterOutcome,
         AttemptReport,
@@ -64,6 +66,12 @@ FAIL_FAILED_JOBS = "fail-failed-jobs"
 # before its first attempt; only inputs with `after` take the path (docs/decisions.md).
 WAIT_FOR_PARENTS = "wait-for-parents"
 
+# Since this patch a job's first attempt must take one of its org's running slots; refused
+# (ORG_BUSY), the workflow waits for SLOT_FREED or this long, then asks again
+# (projections/admission.py, docs/decisions.md).
+ORG_RUNNING_LIMIT = "org-running-limit"
+SLOT_RECHECK = timedelta(seconds=30)
+
 
 def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
     """What a job's workflow carries from its start, so the Web UI can find it."""
@@ -83,6 +91,7 @@ class PromptJobWorkflow:
     def __init__(self) -> None:
         self._attempt = 0
         self._parents_changed = False
+        self._slot_freed = False
         self._fail_failed = False
 
     @workflow.run
@@ -104,7 +113,13 @@ class PromptJobWorkflow:
                     return await self._fail(job, ErrorKind.STUCK, never)
                 # The wait counted against the job's own ceiling.
                 ceiling -= workflow.now() - began
-            outcome = await self._call_adapter(job, settle_in_call, ceiling)
+            if workflow.patched(ORG_RUNNING_LIMIT):
+                admitted = await self._call_when_admitted(job, settle_in_call, ceiling)
+                if isinstance(admitted, str):
+                    return await self._fail(job, ErrorKind.STUCK, admitted)
+                outcome = admitted
+            else:
+                outcome = await self._call_adapter(job, settle_in_call, ceiling)
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 # The workflow was cancelled; the activity's cancellation surfaces here.
@@ -164,6 +179,42 @@ class PromptJobWorkflow:
         )
         return check
 
+    @workflow.signal(name=SLOT_FREED)
+    def slot_freed(self) -> None:
+        """The job's org has a free running slot now: ask for it again."""
+        self._slot_freed = True
+
+    async def _call_when_admitted(
+        self, job: PromptJobInput, settle_success: bool, ceiling: timedelta
+    ) -> AdapterOutcome | str:
+        """The adapter call, once the job holds one of its org's running slots (the first
+        attempt takes it, in the transaction that starts it). While the org has none free the
+        job waits queued, holding no worker slot: until a SLOT_FREED signal or SLOT_RECHECK,
+        within the job's ceiling. The outcome, or the error message once the ceiling passed."""
+        deadline = workflow.now() + ceiling
+        while True:
+            self._slot_freed = False  # before the call: a signal during it is kept
+            try:
+                return await self._call_adapter(
+                    job, settle_success, deadline - workflow.now(), admission=True
+                )
+            except ActivityError as err:
+                refused = err.cause
+                if not (isinstance(refused, ApplicationError) and refused.type == ORG_BUSY):
+                    raise
+            workflow.set_current_details(f"queued: {refused.message}")
+            left = deadline - workflow.now()
+            if left > timedelta(0):
+                try:
+                    await workflow.wait_condition(
+                        lambda: self._slot_freed, timeout=min(left, SLOT_RECHECK)
+                    )
+                except builtins.TimeoutError:
+                    pass
+                if workflow.now() < deadline:
+                    continue
+            return f"hard ceiling ({job.ceiling_s:g} s) passed while waiting: {refused.message}"
+
     @workflow.signal(name=ATTEMPT_REPORTED)
     def attempt_reported(self, report: AttemptReport) -> None:
         """An attempt started or was re-queued (the projection already has it)."""
@@ -186,7 +237,12 @@ class PromptJobWorkflow:
         )
 
     async def _call_adapter(
-        self, job: PromptJobInput, settle_success: bool, ceiling: timedelta
+        self,
+        job: PromptJobInput,
+        settle_success: bool,
+        ceiling: timedelta,
+        *,
+        admission: bool = False,
     ) -> AdapterOutcome:
         deadline = workflow.now() + ceiling
         return await workflow.execute_activity_method(
@@ -197,6 +253,7 @@ class PromptJobWorkflow:
                 deadline.timestamp(),
                 settle_success,
                 attempt_offset=job.attempts_before,
+                admission=admission,
             ),
             schedule_to_close_timeout=ceiling,
             start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),

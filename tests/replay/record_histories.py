@@ -33,7 +33,7 @@ from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 RETENTION_HISTORIES = HISTORIES / "retention"
-VERSION = "v3"
+VERSION = "v6"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
 
@@ -191,6 +191,17 @@ async def closed_failed(stack: Stack, _env: WorkflowEnvironment) -> str:
     return job_id
 
 
+async def org_slot_wait(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """Its org's one running slot is taken (recorded with PROMPTJOBS_ORG_MAX_RUNNING=1): the
+    job is refused once (org_busy), woken by the dispatcher when the slot frees, then runs."""
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        holder = await stack.submit("holds the slot", options={"fake": {"latency_ms": 3000}})
+        await eventually(lambda: stack.job(holder["job_id"]), lambda job: job["state"] == "running")
+        job_id = str((await stack.submit("waits for it"))["job_id"])
+        await stack.settled(job_id, timeout=60)
+    return job_id
+
+
 async def _dispatched(stack: Stack, job_id: str) -> bool:
     async with stack.projection.sessions() as session:
         from projections.models import Job
@@ -217,6 +228,8 @@ SCENARIOS: dict[str, Scenario] = {
     "chain_stuck_waiting": chain_stuck_waiting,
     "restarted": restarted,
     "closed_failed": closed_failed,
+    # Each org's running limit (patch org-running-limit), recorded as v6 with the rest.
+    "org_slot_wait": org_slot_wait,
 }
 
 
@@ -259,6 +272,7 @@ async def record(names: list[str], version: str = VERSION) -> None:
                     backoff_initial_s=1.0,
                     rate_limit_default_s=1.0,
                     job_ceiling_s=3.0 if name in ("stuck", "chain_stuck_waiting") else 900.0,
+                    org_max_running=1 if name == "org_slot_wait" else 100,
                 )
                 async with running_stack(settings, env.client, run_worker=False) as stack:
                     job_id = await SCENARIOS[name](stack, env)

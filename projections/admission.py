@@ -1,0 +1,224 @@
+"""Each org's share of the fleet: at most N of its jobs running at once, across all workers.
+
+A job is *admitted* (takes one of its org's slots) in the transaction that starts its first
+attempt, and holds the slot until it settles, waits between attempts included. The count is of
+admitted, unsettled rows, so a slot frees in the very commit that settles a job, whichever
+process writes it. A job refused stays `queued`: its workflow sleeps, holding no worker slot,
+until the dispatcher signals that its org has room (or a re-check timer fires), then tries
+again (workflows/prompt_job.py).
+
+The limit is the org's row in `org_limits`, else PROMPTJOBS_ORG_MAX_RUNNING; 0 is no limit.
+On PostgreSQL the count and the admission are serialised per org by an advisory lock held
+for the transaction (other orgs' admissions and every other write go on concurrently); on
+SQLite the single writer serialises them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Integer, bindparam, delete, func, or_, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.db import Prepared, WriteTx
+from projections.lifecycle import UNSETTLED, JobState
+from projections.models import Base, Job, OrgLimit
+
+JOBS = Base.metadata.tables[Job.__tablename__]
+LIMITS = Base.metadata.tables[OrgLimit.__tablename__]
+# pg_advisory_xact_lock(key1, key2): this namespace, then the org's hash.
+ORG_LOCK_NAMESPACE = 7215002
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A job refused a slot: its org runs `running` jobs of its `limit`."""
+
+    org: str
+    running: int
+    limit: int
+
+    def describe(self) -> str:
+        return (
+            f"org {self.org} has {self.running} of its {self.limit} jobs running at once; "
+            "this job waits queued for a slot"
+        )
+
+
+def _limit_of(org: Any, default: Any) -> ColumnElement[int]:
+    own = select(LIMITS.c.max_running).where(LIMITS.c.org == org).scalar_subquery()
+    return func.coalesce(own, default)
+
+
+def _running_in(org: Any) -> ColumnElement[int]:
+    others = JOBS.alias("admitted")
+    return (
+        select(func.count())
+        .select_from(others)
+        .where(
+            others.c.org == org,
+            others.c.admitted_at.is_not(None),
+            others.c.state.in_(UNSETTLED),
+        )
+        .scalar_subquery()
+    )
+
+
+def _admit_statement() -> Any:
+    # Binds given a value (None) at build time are not required at compile time; each run
+    # gives them theirs.
+    limit = _limit_of(JOBS.c.org, bindparam("default_limit", None, type_=Integer()))
+    return (
+        update(JOBS)
+        .where(
+            JOBS.c.job_id == bindparam("job_id", None, type_=JOBS.c.job_id.type),
+            JOBS.c.admitted_at.is_(None),
+            JOBS.c.state == JobState.QUEUED,
+            or_(limit == 0, _running_in(JOBS.c.org) < limit),
+        )
+        .values(
+            admitted_at=bindparam("now", None, type_=JOBS.c.admitted_at.type),
+            awaiting_slot_since=None,
+        )
+        .returning(JOBS.c.job_id)
+    )
+
+
+_admit: dict[str, Prepared] = {}  # the admission, compiled once per dialect
+
+_ORG_LOCK = text(
+    "SELECT pg_advisory_xact_lock(:namespace, hashtext(org)) FROM jobs WHERE job_id = :job_id"
+)
+
+
+def admit(tx: WriteTx, job_id: str, default_limit: int, now: datetime) -> Waiting | None:
+    """Give `job_id` a slot of its org if it has none and the org has room. None: it holds
+    one now (or already did), or it is no longer queued (the attempt's transition decides
+    what that means). Otherwise the row records that it waits, and why."""
+    params = {"job_id": job_id, "default_limit": default_limit, "now": now}
+    if tx.postgresql:
+        tx.execute(_ORG_LOCK, {"namespace": ORG_LOCK_NAMESPACE, "job_id": job_id})
+    statement = _admit.get(tx.conn.dialect.name)
+    if statement is None:
+        statement = _admit[tx.conn.dialect.name] = Prepared(_admit_statement(), tx.conn.dialect)
+    if statement.run(tx, params) is not None:
+        return None
+    seen = tx.execute(
+        select(
+            JOBS.c.org,
+            JOBS.c.state,
+            JOBS.c.admitted_at,
+            _running_in(JOBS.c.org),
+            _limit_of(JOBS.c.org, default_limit),
+        ).where(JOBS.c.job_id == job_id)
+    ).first()
+    if seen is None or seen.admitted_at is not None or seen.state is not JobState.QUEUED:
+        return None
+    org, _, _, running, limit = seen
+    tx.execute(
+        update(JOBS)
+        .where(JOBS.c.job_id == job_id, JOBS.c.awaiting_slot_since.is_(None))
+        .values(awaiting_slot_since=now)
+    )
+    return Waiting(org, int(running), int(limit))
+
+
+@dataclass(frozen=True)
+class OrgShare:
+    """What `promptjobs orgs list` shows of one org."""
+
+    org: str
+    limit: int
+    own_limit: bool
+    running: int
+    waiting: int
+
+
+async def slot_waiters(
+    sessions: async_sessionmaker[AsyncSession], default_limit: int, batch: int = 1000
+) -> list[str]:
+    """The waiting jobs to wake now: of each org with waiters, as many as it has free slots,
+    most urgent first (priority, then the longest waiting)."""
+    waiting = (
+        select(JOBS.c.job_id, JOBS.c.org)
+        .where(
+            JOBS.c.awaiting_slot_since.is_not(None),
+            JOBS.c.admitted_at.is_(None),
+            JOBS.c.state == JobState.QUEUED,
+        )
+        .order_by(JOBS.c.priority, JOBS.c.awaiting_slot_since, JOBS.c.job_id)
+        .limit(batch)
+    )
+    async with sessions() as session:
+        by_org: dict[str, list[str]] = defaultdict(list)
+        for job_id, org in (await session.execute(waiting)).all():
+            by_org[org].append(job_id)
+        if not by_org:
+            return []
+        shares = await _shares(session, list(by_org), default_limit)
+    wake: list[str] = []
+    for org, job_ids in by_org.items():
+        share = shares[org]
+        free = len(job_ids) if share.limit == 0 else max(0, share.limit - share.running)
+        wake.extend(job_ids[:free])
+    return wake
+
+
+async def _shares(
+    session: AsyncSession, orgs: list[str], default_limit: int
+) -> dict[str, OrgShare]:
+    own = dict(
+        (
+            await session.execute(
+                select(LIMITS.c.org, LIMITS.c.max_running).where(LIMITS.c.org.in_(orgs))
+            )
+        ).all()
+    )
+    counts = (
+        select(
+            JOBS.c.org,
+            func.count().filter(JOBS.c.admitted_at.is_not(None)),
+            func.count().filter(
+                JOBS.c.admitted_at.is_(None), JOBS.c.awaiting_slot_since.is_not(None)
+            ),
+        )
+        .where(JOBS.c.org.in_(orgs), JOBS.c.state.in_(UNSETTLED))
+        .group_by(JOBS.c.org)
+    )
+    found = {org: (int(r), int(w)) for org, r, w in (await session.execute(counts)).all()}
+    return {
+        org: OrgShare(
+            org,
+            own.get(org, default_limit),
+            org in own,
+            *found.get(org, (0, 0)),
+        )
+        for org in orgs
+    }
+
+
+async def org_shares(
+    sessions: async_sessionmaker[AsyncSession], default_limit: int
+) -> list[OrgShare]:
+    """Every org with unsettled jobs or a limit of its own, by name."""
+    async with sessions() as session:
+        active = select(JOBS.c.org).where(JOBS.c.state.in_(UNSETTLED)).distinct()
+        orgs = set((await session.execute(active)).scalars())
+        orgs |= set((await session.execute(select(LIMITS.c.org))).scalars())
+        shares = await _shares(session, sorted(orgs), default_limit)
+    return [shares[org] for org in sorted(orgs)]
+
+
+async def set_org_limit(
+    sessions: async_sessionmaker[AsyncSession], org: str, max_running: int | None
+) -> None:
+    """Give `org` a running limit of its own (0: none), or with None the default again."""
+    async with sessions.begin() as session:
+        await session.execute(delete(LIMITS).where(LIMITS.c.org == org))
+        if max_running is not None:
+            now = datetime.now(UTC)
+            row = {"org": org, "max_running": max_running, "updated_at": now}
+            await session.execute(LIMITS.insert().values(row))

@@ -1,0 +1,209 @@
+"""Each org's share of the fleet (issue 22, item 1): at most PROMPTJOBS_ORG_MAX_RUNNING (or
+the org's own limit) of its jobs run at once across the workers; the rest wait `queued`, hold
+no worker slot, and run as slots free up. One org's burst does not delay another org's job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
+from typer.testing import CliRunner
+
+from projections.admission import set_org_limit
+from promptjobs.cli import app
+from tests.conftest import Stack, eventually, make_settings, running_stack
+
+
+def at(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+async def submit(http: httpx.AsyncClient, prompt: str, latency_ms: int, **body: Any) -> str:
+    options = {"fake": {"latency_ms": latency_ms}}
+    response = await http.post("/v1/prompts", json={"prompt": prompt, "options": options, **body})
+    assert response.status_code == 202, response.text
+    job_id: str = response.json()["job_id"]
+    return job_id
+
+
+async def row(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+    response = await http.get(f"/v1/jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    job: dict[str, Any] = response.json()
+    return job
+
+
+async def rows(http: httpx.AsyncClient, job_ids: list[str]) -> list[dict[str, Any]]:
+    return list(await asyncio.gather(*(row(http, job_id) for job_id in job_ids)))
+
+
+async def settled(http: httpx.AsyncClient, job_id: str, timeout: float = 30) -> dict[str, Any]:
+    return await eventually(
+        lambda: row(http, job_id), lambda job: job["finished_at"] is not None, timeout=timeout
+    )
+
+
+def most_at_once(jobs: list[dict[str, Any]]) -> int:
+    """The largest number of these jobs that were running at the same moment."""
+    edges = sorted(
+        edge
+        for job in jobs
+        if job["started_at"]
+        for edge in ((at(job["started_at"]), 1), (at(job["finished_at"]), -1))
+    )
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def cli_env(stack: Stack) -> dict[str, str]:
+    return {
+        "PROMPTJOBS_DATABASE_URL": stack.settings.projection_url,
+        "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
+        "PROMPTJOBS_ORG_MAX_RUNNING": str(stack.settings.org_max_running),
+    }
+
+
+def cli(stack: Stack, *args: str) -> str:
+    result = CliRunner().invoke(app, list(args), env=cli_env(stack))
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+async def test_one_orgs_slow_burst_does_not_delay_another_orgs_job(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # A worker of 20 slots. Without a limit org A's 200 jobs of 20 s would hold all 20, and
+    # org B's job would wait until one of them ended.
+    settings = make_settings(tmp_path, worker_max_concurrent_activities=20, org_max_running=10)
+    async with (
+        running_stack(settings, dev_server.client) as stack,
+        stack.as_user(await stack.key("org-a", "ann", "admin")) as a,
+        stack.as_user(await stack.key("org-b", "bob")) as b,
+    ):
+        burst = [await submit(a, f"a{i}", 20_000) for i in range(200)]
+        await eventually(
+            lambda: rows(a, burst),
+            lambda now: sum(job["state"] == "running" for job in now) == 10,
+            timeout=60,
+        )
+        b_done = await settled(b, await submit(b, "b", 10))
+        a_rows = await rows(a, burst)
+
+        assert b_done["state"] == "succeeded" and b_done["attempt"] == 1
+        # B's job ran to its end while every one of A's was still running or waiting.
+        assert not any(job["finished_at"] for job in a_rows)
+        states = [job["state"] for job in a_rows]
+        assert (states.count("running"), states.count("queued")) == (10, 190)
+        # Waiting spends no attempt.
+        assert all(job["attempt"] == 0 for job in a_rows if job["state"] == "queued")
+        listed = await eventually(
+            lambda: asyncio.to_thread(cli, stack, "orgs", "list", "--json"),
+            lambda out: (
+                {"org": "org-a", "running": 10, "waiting": 190}.items()
+                <= next(o for o in json.loads(out) if o["org"] == "org-a").items()
+            ),
+            timeout=60,
+            interval=0.5,
+        )
+        print("orgs list:", listed)
+
+        # A's admin cancels the burst: waiting jobs end without ever starting (a few may take
+        # a slot the cancelled running ones freed before their own cancel lands).
+        cancels = [a.post(f"/v1/jobs/{job_id}/cancel") for job_id in burst]
+        assert {r.status_code for r in await asyncio.gather(*cancels)} == {202}
+        ended = [await settled(a, job_id, timeout=60) for job_id in burst]
+        assert {job["state"] for job in ended} == {"cancelled"}
+        never_started = sum(not job["started_at"] for job in ended)
+        print("of A's 200 cancelled jobs", never_started, "never started")
+        assert never_started >= 150
+        assert most_at_once(ended) == 10
+
+
+async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
+    dev_server: WorkflowEnvironment, database_url: str, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, database_url=database_url, org_max_running=10)
+    async with running_stack(settings, dev_server.client) as stack:
+        # The org's own limit, as an operator sets it: 2 (the default stays 10).
+        assert "at most 2 jobs" in await asyncio.to_thread(cli, stack, "orgs", "limit", "acme", "2")
+        jobs = [await submit(stack.http, f"p{i}", 400) for i in range(8)]
+        waiting = await eventually(
+            lambda: rows(stack.http, jobs),
+            lambda now: (
+                sum(row["state"] == "running" for row in now) == 2
+                and sum(row["state"] == "queued" for row in now) == 6
+            ),
+        )
+        assert all(row["attempt"] == 0 for row in waiting if row["state"] == "queued")
+        (acme,) = [
+            row
+            for row in json.loads(await asyncio.to_thread(cli, stack, "orgs", "list", "--json"))
+            if row["org"] == "acme"
+        ]
+        assert acme["limit"] == 2 and acme["limit_from"] == "org" and acme["running"] == 2
+
+        done = [await stack.settled(job_id, timeout=60) for job_id in jobs]
+        assert [row["state"] for row in done] == ["succeeded"] * 8
+        # Waiting spent no attempt; never more than two ran at once, across the whole run.
+        assert [row["attempt"] for row in done] == [1] * 8
+        assert most_at_once(done) == 2
+
+        # Back to the default: the next burst runs up to ten at once.
+        await asyncio.to_thread(cli, stack, "orgs", "limit", "acme", "--default")
+        more = [await submit(stack.http, f"q{i}", 400) for i in range(6)]
+        done = [await stack.settled(job_id, timeout=60) for job_id in more]
+        assert [row["state"] for row in done] == ["succeeded"] * 6
+        assert most_at_once(done) > 2
+
+
+async def test_the_ceiling_covers_the_wait_for_a_slot(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, org_max_running=1, job_ceiling_s=4.0)
+    async with running_stack(settings, dev_server.client) as stack:
+        jobs = [await submit(stack.http, f"p{i}", 1500) for i in range(5)]
+        done = [await stack.settled(job_id, timeout=30) for job_id in jobs]
+        assert done[0]["state"] == "succeeded"
+        last = done[-1]
+        assert (last["state"], last["error_kind"], last["attempt"]) == ("failed", "stuck", 0)
+        assert "while waiting: org acme has 1 of its 1 jobs running" in last["error_message"]
+        assert most_at_once(done) == 1
+
+
+async def test_an_orgs_limit_is_read_by_every_worker_at_each_admission(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """An org's own limit of 0 is none at all, whatever the default."""
+    settings = make_settings(tmp_path, org_max_running=1)
+    async with running_stack(settings, dev_server.client) as stack:
+        await set_org_limit(stack.projection.sessions, "acme", 0)
+        jobs = [await submit(stack.http, f"p{i}", 800) for i in range(4)]
+        done = [await stack.settled(job_id, timeout=30) for job_id in jobs]
+        assert [row["state"] for row in done] == ["succeeded"] * 4
+        assert most_at_once(done) > 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("orgs", "limit", "acme"), "give a limit (0 for none) or --default"),
+        (("orgs", "limit", "acme", "3", "--default"), "give a limit (0 for none) or --default"),
+        (("orgs", "limit", "acme", "--", "-1"), "the limit must be 0 or more"),
+    ],
+)
+def test_orgs_limit_refuses_what_it_cannot_set(
+    args: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
+    env = {"PROMPTJOBS_DATA_DIR": str(tmp_path)}
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code != 0
+    assert message in str(result.exception)
