@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -30,6 +30,7 @@ from api.schemas import (
     PromptList,
     PromptOut,
     ResponseOut,
+    RetryJob,
     SubmitPrompt,
 )
 from projections.lifecycle import JobState
@@ -169,6 +170,7 @@ def submit_call(
     parent_id: str | None,
     correlation_id: str | None,
     idempotency_key: str | None,
+    after: Sequence[str] = (),
 ) -> Call:
     fields: dict[str, Any] = {
         "prompt": prompt,
@@ -178,6 +180,7 @@ def submit_call(
         "scheduled_for": scheduled_for.isoformat() if scheduled_for else None,
         "parent_id": parent_id,
         "correlation_id": correlation_id,
+        "after": list(after) or None,
     }
     # Checked against the API's own model before it leaves: a typo fails here, with the
     # same message the server would give, and costs no round trip.
@@ -188,9 +191,24 @@ def submit_call(
     return Call("POST", "/v1/prompts", json=body, headers={"Idempotency-Key": key})
 
 
-def action_call(job_id: str, action: str) -> Call:
+def action_call(job_id: str, action: str, body: dict[str, Any] | None = None) -> Call:
     # Not replayable: a cancel or retry that did land answers 409 the second time.
-    return Call("POST", f"/v1/jobs/{job_id}/{action}", replayable=False)
+    return Call("POST", f"/v1/jobs/{job_id}/{action}", json=body, replayable=False)
+
+
+def retry_call(
+    job_id: str,
+    *,
+    options: Mapping[str, Any] | None,
+    priority: int | None,
+    max_attempts: int | None,
+) -> Call:
+    """A retry, with what the new job runs with instead of the old job's (checked against the
+    API's own model before it leaves, as a submission is)."""
+    fields = {"options": options, "priority": priority, "max_attempts": max_attempts}
+    sent = json.dumps({k: v for k, v in fields.items() if v is not None})
+    body = RetryJob.model_validate_json(sent).model_dump(mode="json", exclude_unset=True)
+    return action_call(job_id, "retry", body or None)
 
 
 def api_error(response: httpx.Response) -> APIError:
@@ -348,6 +366,7 @@ class PromptJobs:
         parent_id: str | None = None,
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
+        after: Sequence[str] = (),
     ) -> Job:
         """Submit a prompt; the job is `queued`. An idempotency key is made unless given."""
         call = submit_call(
@@ -359,6 +378,7 @@ class PromptJobs:
             parent_id=parent_id,
             correlation_id=correlation_id,
             idempotency_key=idempotency_key,
+            after=after,
         )
         accepted = parsed(self._send(call), Accepted)
         return Job(self, accepted.job_id, accepted.prompt_id)
@@ -389,9 +409,18 @@ class PromptJobs:
     def cancel(self, job_id: str) -> JobOut:
         return parsed(self._send(action_call(job_id, "cancel")), JobOut)
 
-    def retry(self, job_id: str) -> Job:
-        """Run a settled job's prompt again; the new job supersedes it."""
-        new = parsed(self._send(action_call(job_id, "retry")), JobOut)
+    def retry(
+        self,
+        job_id: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """Run a settled job's prompt again; the new job supersedes it. `options` (replacing
+        the old job's as a whole), `priority` and `max_attempts` change what it runs with."""
+        call = retry_call(job_id, options=options, priority=priority, max_attempts=max_attempts)
+        new = parsed(self._send(call), JobOut)
         return Job(self, new.job_id, new.prompt_id)
 
     def changes(
@@ -523,8 +552,16 @@ class Job:
     def cancel(self) -> JobOut:
         return self.client.cancel(self.id)
 
-    def retry(self) -> Job:
-        return self.client.retry(self.id)
+    def retry(
+        self,
+        *,
+        options: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        return self.client.retry(
+            self.id, options=options, priority=priority, max_attempts=max_attempts
+        )
 
     def response(self) -> ResponseOut:
         """The response of a succeeded job; an `APIError` 409 `not_succeeded` otherwise."""
@@ -598,6 +635,7 @@ class AsyncPromptJobs:
         parent_id: str | None = None,
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
+        after: Sequence[str] = (),
     ) -> AsyncJob:
         call = submit_call(
             prompt,
@@ -608,6 +646,7 @@ class AsyncPromptJobs:
             parent_id=parent_id,
             correlation_id=correlation_id,
             idempotency_key=idempotency_key,
+            after=after,
         )
         accepted = parsed(await self._send(call), Accepted)
         return AsyncJob(self, accepted.job_id, accepted.prompt_id)
@@ -638,8 +677,16 @@ class AsyncPromptJobs:
     async def cancel(self, job_id: str) -> JobOut:
         return parsed(await self._send(action_call(job_id, "cancel")), JobOut)
 
-    async def retry(self, job_id: str) -> AsyncJob:
-        new = parsed(await self._send(action_call(job_id, "retry")), JobOut)
+    async def retry(
+        self,
+        job_id: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> AsyncJob:
+        call = retry_call(job_id, options=options, priority=priority, max_attempts=max_attempts)
+        new = parsed(await self._send(call), JobOut)
         return AsyncJob(self, new.job_id, new.prompt_id)
 
     async def changes(
@@ -744,8 +791,16 @@ class AsyncJob:
     async def cancel(self) -> JobOut:
         return await self.client.cancel(self.id)
 
-    async def retry(self) -> AsyncJob:
-        return await self.client.retry(self.id)
+    async def retry(
+        self,
+        *,
+        options: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> AsyncJob:
+        return await self.client.retry(
+            self.id, options=options, priority=priority, max_attempts=max_attempts
+        )
 
     async def response(self) -> ResponseOut:
         job = await self.get()

@@ -55,10 +55,23 @@ async def test_every_sync_client_call_works_against_the_live_api(stack: Stack) -
             prompt = client.prompt(job.prompt_id)
             assert prompt.prompt == "hello client" and [j.job_id for j in prompt.jobs] == [job.id]
 
-            again = job.retry()
+            # A retry may change what it runs with.
+            again = job.retry(options={"fake": {"latency_ms": 1}}, priority=5, max_attempts=1)
             assert again.id != job.id
-            assert again.wait(timeout=30).state is JobState.SUCCEEDED
+            rerun = again.wait(timeout=30)
+            assert rerun.state is JobState.SUCCEEDED
+            assert (rerun.priority, rerun.max_attempts) == (5, 1)
             assert job.get().state is JobState.SUPERSEDED
+            # Checked against the API's own model before it leaves, as a submission is.
+            with pytest.raises(ValueError, match="priority"):
+                again.retry(priority=500)
+
+            # A chain: the child runs once its parent's current job has succeeded, with the
+            # parent's answer in place of the placeholder.
+            child = client.submit("then: {{after[0]}}", after=[job.prompt_id], options=QUICK)
+            assert child.wait(timeout=30).state is JobState.SUCCEEDED
+            assert client.response(rerun.response_id or "").text in child.response().text
+            assert client.prompt(child.prompt_id or "").after == [job.prompt_id]
 
             waiting = client.submit("not yet", scheduled_for=later())
             assert waiting.cancel().job_id == waiting.id
@@ -147,8 +160,8 @@ async def test_every_async_client_call_works_against_the_live_api(stack: Stack) 
         assert (await job.response()).job_id == job.id
         assert (await client.prompt(done.prompt_id)).jobs[0].job_id == job.id
         assert (await client.job(job.id).get()) == done
-        again = await job.retry()
-        assert (await again.wait(timeout=30)).state is JobState.SUCCEEDED
+        again = await job.retry(priority=3)
+        assert (await again.wait(timeout=30)).priority == 3
         waiting = await client.submit("not yet", scheduled_for=later())
         await waiting.cancel()
         assert (await waiting.wait(timeout=30)).state is JobState.CANCELLED

@@ -100,7 +100,10 @@ async def test_unreachable_provider_is_a_5xx(
             anthropic_base_url=closed,
         )
     assert caught.value.kind is ErrorKind.PROVIDER_5XX
-    assert "Connection error" in caught.value.message
+    # The SDK's own words ("Connection error.", or since anthropic 2.17 the address and the
+    # errno), after the provider's name.
+    assert caught.value.message.startswith(f"{provider}: ")
+    assert "connect" in caught.value.message.lower()
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
