@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from temporalio.testing import WorkflowEnvironment
 
 from projections.lifecycle import JobState
 from promptjobs.client import (
@@ -26,7 +28,7 @@ from promptjobs.client import (
     RetryPolicy,
     WaitTimeout,
 )
-from tests.conftest import Stack, eventually, free_port
+from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
 
 QUICK = {"fake": {"latency_ms": 100}}
 
@@ -268,3 +270,41 @@ async def test_429_and_503_are_retried_after_the_servers_retry_after(stack: Stac
             with pytest.raises(APIError) as busy:
                 await asyncio.wait_for(client.get_job(job_id), 5)
         assert (busy.value.status, busy.value.code) == (503, "busy")
+
+
+async def test_events_resume_across_dropped_streams_without_gap_or_repeat(
+    dev_server: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends every stream after ~1 s (PROMPTJOBS_SSE_MAX_LIFETIME_S); the client,
+    built from PROMPTJOBS_URL / PROMPTJOBS_API_KEY, resumes each with Last-Event-ID."""
+    settings = make_settings(tmp_path, sse_max_lifetime_s=1.0)
+    async with running_stack(settings, dev_server.client) as stack:
+        monkeypatch.setenv("PROMPTJOBS_URL", stack.base_url)
+        monkeypatch.setenv("PROMPTJOBS_API_KEY", stack.api_key)
+
+        def follow() -> list[tuple[str, str, JobState]]:
+            with PromptJobs() as client:
+                jobs = [
+                    client.submit(f"spread out {i}", options={"fake": {"latency_ms": 600 * i}})
+                    for i in range(6)
+                ]
+                seen: list[tuple[str, str, JobState]] = []
+                for event in client.events("0", until=time.monotonic() + 30):
+                    seen.append((event.id, event.job.job_id, event.job.state))
+                    done = {job_id for _, job_id, state in seen if state.is_terminal}
+                    if done >= {job.id for job in jobs}:
+                        return seen
+                raise AssertionError(f"not every job settled on the stream: {seen}")
+
+        started = time.monotonic()
+        seen = await asyncio.to_thread(follow)
+        print(f"{len(seen)} events over {time.monotonic() - started:.1f} s of 1 s streams")
+    ids = [int(event_id) for event_id, _, _ in seen]
+    assert ids == sorted(set(ids)), "an event was repeated or came out of order"
+    by_job: dict[str, list[JobState]] = {}
+    for _, job_id, state in seen:
+        by_job.setdefault(job_id, []).append(state)
+    assert all(
+        states == [JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED]
+        for states in by_job.values()
+    ), by_job
