@@ -162,6 +162,10 @@ class Usage(BaseModel):
 
 
 class ResponseOut(BaseModel):
+    """A response row: every field of `AttemptResult` (the tokens grouped as `usage`) and where
+    it belongs. tests/unit/test_api_validation.py fails if AttemptResult gains a field that
+    is not here, so a new result field cannot be left out of the API."""
+
     response_id: str
     job_id: str
     prompt_id: str
@@ -177,20 +181,17 @@ class ResponseOut(BaseModel):
 
     @classmethod
     def of(cls, response: Response) -> ResponseOut:
-        return cls(
-            response_id=response.response_id,
-            job_id=response.job_id,
-            prompt_id=response.prompt_id,
-            text=response.text,
-            provider=response.provider,
-            model=response.model,
-            provider_request_id=response.provider_request_id,
-            finish_reason=response.finish_reason,
-            usage=Usage(input_tokens=response.input_tokens, output_tokens=response.output_tokens),
-            latency_ms=response.latency_ms,
-            attempt=response.attempt,
-            created_at=response.created_at,
-        )
+        values = {
+            name: getattr(response, name)
+            for name in cls.model_fields
+            if name not in ("usage",) and name not in USAGE_FIELDS
+        }
+        usage = Usage(**{name: getattr(response, name) for name in USAGE_FIELDS})
+        return cls(**values, usage=usage)
+
+
+# AttemptResult's fields that ResponseOut groups under `usage`.
+USAGE_FIELDS = tuple(Usage.model_fields)
 
 
 class Health(BaseModel):

@@ -143,13 +143,13 @@ def keys_create(
 ) -> None:
     """Create an API key. It is shown once; only its hash is stored."""
     from projections.keys import ROLES, create_key
-    from promptjobs.runtime import open_projection
+    from promptjobs.wiring import open_projection
 
     if role not in ROLES:
         raise CliError(f"--role must be one of {', '.join(ROLES)}, not {role!r}")
 
     async def create() -> Any:
-        async with open_projection(Settings()) as projection:
+        async with open_projection(Settings(), streams=False) as projection:
             return await create_key(projection.sessions, org, user, role)
 
     issued = run(create())
@@ -177,10 +177,10 @@ def keys_list(
     """List API keys (never their secrets), revoked ones too, oldest first."""
     from projections.keys import list_keys
     from promptjobs.console import console, emit_json, table
-    from promptjobs.runtime import open_projection
+    from promptjobs.wiring import open_projection
 
     async def fetch() -> Any:
-        async with open_projection(Settings()) as projection:
+        async with open_projection(Settings(), streams=False) as projection:
             return await list_keys(projection.sessions, org)
 
     keys = run(fetch())
@@ -209,12 +209,12 @@ def keys_revoke(
 ) -> None:
     """Revoke an API key. Every API process refuses it within `api_key_cache_ttl_s`."""
     from projections.keys import revoke_key
-    from promptjobs.runtime import open_projection
+    from promptjobs.wiring import open_projection
 
     settings = Settings()
 
     async def revoke() -> Any:
-        async with open_projection(settings) as projection:
+        async with open_projection(settings, streams=False) as projection:
             return await revoke_key(projection.sessions, key_id)
 
     key = run(revoke())
@@ -238,7 +238,7 @@ def history_export(
     from temporalio.service import RPCError
 
     from promptjobs.history import export_history
-    from promptjobs.runtime import connect_temporal
+    from promptjobs.wiring import connect_temporal
 
     settings = Settings()
 

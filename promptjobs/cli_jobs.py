@@ -37,7 +37,8 @@ from promptjobs.console import (
     short,
     table,
 )
-from promptjobs.runtime import (
+from promptjobs.settings import Settings
+from promptjobs.wiring import (
     Projection,
     build_adapters,
     build_dispatcher,
@@ -45,7 +46,6 @@ from promptjobs.runtime import (
     connect_temporal,
     open_projection,
 )
-from promptjobs.settings import Settings
 from services.dispatch import TemporalUnreachable
 from services.fleet import task_queue_pollers
 from services.jobs import JobService
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
 
 @asynccontextmanager
 async def operator_projection() -> AsyncIterator[Projection]:
-    async with open_projection(Settings()) as projection:
+    async with open_projection(Settings(), streams=False) as projection:
         yield projection
 
 
@@ -80,7 +80,7 @@ async def operator_service() -> AsyncIterator[tuple[JobService, Settings]]:
     """The API's JobService over a lazy Temporal client: reads work while Temporal is down."""
     settings = Settings()
     client = await connect_temporal(settings, lazy=True)
-    async with open_projection(settings) as projection:
+    async with open_projection(settings, streams=False) as projection:
         dispatcher = build_dispatcher(settings, client, projection)
         yield (
             build_job_service(settings, projection, dispatcher, build_adapters(settings)),
@@ -421,7 +421,7 @@ def _registered(worker: WorkerProcess) -> dict[str, Any]:
 
 async def _status() -> tuple[operations.ProjectionHealth, list[WorkerProcess], dict[str, Any]]:
     settings = Settings()
-    async with open_projection(settings) as projection:
+    async with open_projection(settings, streams=False) as projection:
         since = utcnow() - timedelta(seconds=WORKERS_SEEN_S)
         health = await operations.projection_health(projection.sessions, workers_since=since)
         registered = await workers.workers_since(projection.sessions, since)

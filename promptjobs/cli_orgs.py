@@ -8,8 +8,8 @@ import typer
 
 from projections.admission import OrgShare, org_shares, set_org_limit
 from promptjobs.console import CliError, console, emit_json, run, table
-from promptjobs.runtime import open_projection
 from promptjobs.settings import Settings
+from promptjobs.wiring import open_projection
 
 orgs_app = typer.Typer(help="Organisations' running limits.", no_args_is_help=True)
 
@@ -29,7 +29,7 @@ def orgs_list(
     settings = Settings()
 
     async def fetch() -> list[OrgShare]:
-        async with open_projection(settings) as projection:
+        async with open_projection(settings, streams=False) as projection:
             return await org_shares(projection.sessions, settings.org_max_running)
 
     rows = [
@@ -75,7 +75,7 @@ def orgs_limit(
     settings = Settings()
 
     async def apply() -> None:
-        async with open_projection(settings) as projection:
+        async with open_projection(settings, streams=False) as projection:
             await set_org_limit(projection.sessions, org, max_running)
 
     run(apply())

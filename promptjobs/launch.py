@@ -239,7 +239,8 @@ async def serve(
         log.warning("shutting down (grace %ss)", settings.shutdown_grace_s)
         if server is not None:
             server.should_exit = True
-            projection.feed.close()
+            if projection.feed is not None:
+                projection.feed.close()
         if worker is not None:
             await worker.shutdown()
         await asyncio.gather(*tasks, return_exceptions=True)

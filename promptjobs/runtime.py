@@ -1,159 +1,61 @@
-"""Wiring: builds the projection, adapters, Temporal client, worker and API from Settings."""
+"""Wiring of the serving processes: the worker and the API (uvicorn), on top of
+`promptjobs/wiring.py` (the projection, adapters, Temporal client and dispatcher, which the
+CLI shares and re-exported here)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import shutil
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
-from temporalio.client import Client, Interceptor
-from temporalio.runtime import Runtime
-from temporalio.service import TLSConfig
+from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.adapters.base import Adapter, AdapterRegistry
-from activities.adapters.fake import FakeAdapter
+from activities.adapters.base import AdapterRegistry
 from activities.job_activities import JobActivities
 from activities.retention import RetentionActivities
 from api.app import create_app
-from api.changes import ChangeFeed
 from api.deps import Services
-from projections.db import create_engine, dispose, migrate, session_factory
-from projections.keys import KeyCache, live_key_ids
+from projections.keys import KeyCache
 from projections.metrics import QueueDepth
-from projections.notifications import EventListener
 from projections.operations import jobs_by_state
-from projections.projector import Projector
-from projections.store import JobStore
 from promptjobs.settings import Settings
+from promptjobs.wiring import (
+    Projection,
+    build_adapters,
+    build_dispatcher,
+    build_job_service,
+    connect_temporal,
+    open_projection,
+    temporal_tls,
+)
 from services.dispatch import Dispatcher
-from services.jobs import JobService
 from workflows.prompt_job import PromptJobWorkflow
 from workflows.retention import RetentionWorkflow
 
+__all__ = [
+    "ApiServer",
+    "Projection",
+    "api_server",
+    "build_adapters",
+    "build_app",
+    "build_dispatcher",
+    "build_job_service",
+    "build_worker",
+    "connect_temporal",
+    "open_projection",
+    "temporal_cli",
+    "temporal_tls",
+]
+
 log = logging.getLogger("promptjobs")
-
-
-@dataclass
-class Projection:
-    engine: AsyncEngine
-    sessions: async_sessionmaker[AsyncSession]
-    projector: Projector
-    store: JobStore
-    feed: ChangeFeed
-
-
-@asynccontextmanager
-async def open_projection(
-    settings: Settings, *, run_migrations: bool = True, listen: bool = False
-) -> AsyncIterator[Projection]:
-    """The projection store. With `listen` (API processes) on PostgreSQL, one dedicated
-    connection LISTENs for job events committed by any process and wakes the ChangeFeed."""
-    url = settings.projection_url
-    if run_migrations:
-        await asyncio.to_thread(migrate, url)
-    engine = create_engine(
-        url,
-        pool_size=settings.database_pool_size,
-        busy_timeout_s=settings.sqlite_busy_timeout_s,
-    )
-    sessions = session_factory(engine)
-    feed = ChangeFeed(
-        max_streams=settings.sse_max_streams,
-        max_streams_per_key=settings.sse_max_streams_per_key,
-        buffer_events=settings.sse_buffer_events,
-        poll_interval_s=settings.sse_poll_interval_s,
-        key_check_s=settings.sse_key_check_s,
-    )
-    projector = Projector(sessions, on_commit=feed.notify)
-    store = JobStore(sessions, projector)
-    feed.attach(store.events_after, store.latest_event_id, partial(live_key_ids, sessions))
-    listener = None
-    if listen and engine.dialect.name == "postgresql":
-        listener = asyncio.create_task(EventListener(url, feed.notify).run(), name="listen")
-    try:
-        yield Projection(engine, sessions, projector, store, feed)
-    finally:
-        if listener is not None:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
-        await dispose(engine)
-
-
-def build_adapters(settings: Settings) -> AdapterRegistry:
-    """Every provider, with or without its credential: a job naming one that has none is
-    refused at submission with the variable to set."""
-    # Imported here: the SDKs take seconds to import, and only the processes that run or
-    # accept jobs need them, not every CLI command.
-    from activities.adapters.anthropic_messages import AnthropicMessagesAdapter
-    from activities.adapters.openai_compat import OpenAICompatAdapter
-
-    adapters: list[Adapter] = [
-        FakeAdapter(enabled=settings.fake_adapter),
-        OpenAICompatAdapter(
-            api_key=settings.openai_api_key,
-            base_url=settings.openai_base_url,
-            timeout_s=settings.provider_timeout_s,
-            model=settings.openai_model,
-            max_tokens=settings.openai_max_tokens,
-            max_tokens_field=settings.openai_max_tokens_field,
-        ),
-        AnthropicMessagesAdapter(
-            api_key=settings.anthropic_api_key,
-            base_url=settings.anthropic_base_url,
-            timeout_s=settings.provider_timeout_s,
-            model=settings.anthropic_model,
-            max_tokens=settings.anthropic_max_tokens,
-        ),
-    ]
-    return AdapterRegistry({a.name: a for a in adapters}, default=settings.provider_default)
-
-
-async def connect_temporal(
-    settings: Settings,
-    *,
-    lazy: bool = False,
-    runtime: Runtime | None = None,
-    interceptors: Sequence[Interceptor] = (),
-) -> Client:
-    """`runtime`: a worker's, exporting the SDK's metrics; `interceptors`: tracing's."""
-    api_key = settings.temporal_api_key
-    return await Client.connect(
-        settings.temporal_address,
-        namespace=settings.temporal_namespace,
-        tls=temporal_tls(settings),
-        api_key=api_key.get_secret_value() if api_key else None,
-        lazy=lazy,
-        runtime=runtime,
-        interceptors=interceptors,
-    )
-
-
-def temporal_tls(settings: Settings) -> bool | TLSConfig:
-    if not settings.temporal_uses_tls:
-        return False
-
-    def read(path: Path | None) -> bytes | None:
-        return path.read_bytes() if path is not None else None
-
-    return TLSConfig(
-        server_root_ca_cert=read(settings.temporal_tls_ca_path),
-        domain=settings.temporal_tls_server_name,
-        client_cert=read(settings.temporal_tls_cert_path),
-        client_private_key=read(settings.temporal_tls_key_path),
-    )
 
 
 def build_worker(
@@ -184,35 +86,6 @@ def build_worker(
     )
 
 
-def build_dispatcher(settings: Settings, client: Client, projection: Projection) -> Dispatcher:
-    return Dispatcher(
-        projection.store,
-        client,
-        task_queue=settings.temporal_task_queue,
-        ceiling_s=settings.job_ceiling_s,
-        attempt_timeout_s=settings.attempt_timeout_s,
-        heartbeat_timeout_s=settings.heartbeat_timeout_s,
-        interval_s=settings.dispatcher_interval_s,
-        reconcile_interval_s=settings.reconciler_interval_s,
-        reconcile_grace_s=settings.reconciler_grace_s,
-        org_max_running=settings.org_max_running,
-    )
-
-
-def build_job_service(
-    settings: Settings, projection: Projection, dispatcher: Dispatcher, adapters: AdapterRegistry
-) -> JobService:
-    """The job actions, as the API and the CLI both use them."""
-    return JobService(
-        projection.store,
-        dispatcher,
-        adapters,
-        max_attempts_default=settings.max_attempts_default,
-        metrics_org_labels=settings.metrics_org_labels,
-        max_jobs_per_prompt=settings.max_jobs_per_prompt,
-    )
-
-
 def build_app(
     settings: Settings,
     projection: Projection,
@@ -220,6 +93,7 @@ def build_app(
     adapters: AdapterRegistry,
 ) -> FastAPI:
     jobs = build_job_service(settings, projection, dispatcher, adapters)
+    assert projection.feed is not None, "the API needs a projection opened with streams"
     return create_app(
         Services(
             store=projection.store,

@@ -3,6 +3,7 @@ the change feed."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -15,9 +16,9 @@ from api.changes import ChangeFeed, StreamScope
 from api.openapi import exact_openapi
 from api.problems import CURSOR_HINT, PROBLEM_JSON, validation_problem
 from api.routes import events, health, jobs, prompts, responses
-from api.schemas import SubmitPrompt
-from projections.lifecycle import JobState
-from projections.models import JobEvent
+from api.schemas import USAGE_FIELDS, ResponseOut, SubmitPrompt
+from projections.lifecycle import AttemptResult, JobState
+from projections.models import JobEvent, Response
 from tests.conftest import eventually
 
 
@@ -135,3 +136,13 @@ async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_th
     feed.unsubscribe(bob)
     # With no stream left, the reader stops by itself.
     await eventually(reading, lambda active: not active)
+
+
+def test_every_attempt_result_field_reaches_the_api_response() -> None:
+    """One result record (issue 15): a field added to AttemptResult (and its column) must be
+    in ResponseOut too, or this fails naming it."""
+    exposed = set(ResponseOut.model_fields) | set(USAGE_FIELDS)
+    missing = {f.name for f in fields(AttemptResult)} - exposed
+    assert not missing, f"ResponseOut lacks AttemptResult fields: {sorted(missing)}"
+    columns = set(Response.__table__.columns.keys())
+    assert {f.name for f in fields(AttemptResult)} <= columns
