@@ -139,6 +139,9 @@ class Service:
             "PROMPTJOBS_HEARTBEAT_TIMEOUT_S": str(s.heartbeat_timeout_s),
             "PROMPTJOBS_SHUTDOWN_GRACE_S": "2",
             "PROMPTJOBS_FAKE_ADAPTER": "true",
+            # One org submits everything here: no running limit, so the figures are the
+            # path's and the engine's (the admission still runs, and is measured).
+            "PROMPTJOBS_ORG_MAX_RUNNING": "0",
         }
 
     def spawn(self, command: str) -> subprocess.Popen[bytes]:
@@ -188,6 +191,7 @@ def bench_settings(data_dir: Path, **overrides: object) -> Settings:
         "api_port": free_port(),
         "temporal_task_queue": f"bench-{uuid.uuid4().hex[:8]}",
         "fake_adapter": True,
+        "org_max_running": 0,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
