@@ -13,9 +13,18 @@ router = APIRouter(include_in_schema=False)
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 
-# Only these files are served: a name from the URL never becomes a path on its own.
+# Only these files are served: a name from the URL never becomes a path on its own. The
+# scripts are ES modules (app.js imports the rest), which a browser runs only when served
+# with a JavaScript type.
 ASSETS = {
     "app.js": "text/javascript",
+    "state.js": "text/javascript",
+    "api.js": "text/javascript",
+    "jobs.js": "text/javascript",
+    "cards.js": "text/javascript",
+    "actions.js": "text/javascript",
+    "compose.js": "text/javascript",
+    "follow.js": "text/javascript",
     "app.css": "text/css",
 }
 

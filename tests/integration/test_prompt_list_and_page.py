@@ -117,10 +117,23 @@ async def test_access_token_is_refused_everywhere_but_events(stack: Stack) -> No
     assert missing.json()["code"] == "unauthenticated"
 
 
+# The page's ES modules: app.js, the entry point, and what it imports.
+SCRIPTS = (
+    "app.js",
+    "state.js",
+    "api.js",
+    "jobs.js",
+    "cards.js",
+    "actions.js",
+    "compose.js",
+    "follow.js",
+)
+
+
 async def test_the_page_is_served_without_a_key_and_kept_out_of_the_schema(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as anonymous:
         page = await anonymous.get("/")
-        script = await anonymous.get("/static/app.js")
+        scripts = [await anonymous.get(f"/static/{name}") for name in SCRIPTS]
         style = await anonymous.get("/static/app.css")
         elsewhere = await anonymous.get("/static/../deps.py")
         unknown = await anonymous.get("/static/index.html.bak")
@@ -130,7 +143,10 @@ async def test_the_page_is_served_without_a_key_and_kept_out_of_the_schema(stack
     assert page.headers["content-type"].startswith("text/html")
     assert 'id="compose"' in page.text
     assert "script-src 'self'" in page.headers["content-security-policy"]
-    assert script.headers["content-type"].startswith("text/javascript")
+    assert 'type="module" src="/static/app.js"' in page.text
+    for script in scripts:
+        assert script.status_code == 200, script.url
+        assert script.headers["content-type"].startswith("text/javascript"), script.url
     assert style.headers["content-type"].startswith("text/css")
     assert elsewhere.status_code == 404
     assert unknown.status_code == 404
