@@ -149,7 +149,8 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
             for row in json.loads(await asyncio.to_thread(cli, stack, "orgs", "list", "--json"))
             if row["org"] == "acme"
         ]
-        assert acme["limit"] == 2 and acme["limit_from"] == "org" and acme["running"] == 2
+        # Between one job's settling and the next one's admission it may show 1.
+        assert acme["limit"] == 2 and acme["limit_from"] == "org" and acme["running"] in (1, 2)
 
         done = [await stack.settled(job_id, timeout=60) for job_id in jobs]
         assert [row["state"] for row in done] == ["succeeded"] * 8
@@ -168,11 +169,13 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
 async def test_the_ceiling_covers_the_wait_for_a_slot(
     dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    settings = make_settings(tmp_path, org_max_running=1, job_ceiling_s=4.0)
+    # One slot, jobs of 1.5 s, a ceiling of 8 s: the eighth job cannot be admitted before
+    # 10.5 s have passed, whatever the machine's speed.
+    settings = make_settings(tmp_path, org_max_running=1, job_ceiling_s=8.0)
     async with running_stack(settings, dev_server.client) as stack:
-        jobs = [await submit(stack.http, f"p{i}", 1500) for i in range(5)]
-        done = [await stack.settled(job_id, timeout=30) for job_id in jobs]
-        assert done[0]["state"] == "succeeded"
+        jobs = [await submit(stack.http, f"p{i}", 1500) for i in range(8)]
+        done = [await stack.settled(job_id, timeout=40) for job_id in jobs]
+        assert done[0]["state"] == "succeeded", done[0]
         last = done[-1]
         assert (last["state"], last["error_kind"], last["attempt"]) == ("failed", "stuck", 0)
         assert "while waiting: org acme has 1 of its 1 jobs running" in last["error_message"]
