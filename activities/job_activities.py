@@ -7,9 +7,9 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -19,7 +19,12 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
 
-from activities.adapters.base import AdapterRegistry, AdapterRequest, InvalidOptions
+from activities.adapters.base import (
+    AdapterRegistry,
+    AdapterRequest,
+    InvalidOptions,
+    StreamedOutput,
+)
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
@@ -35,10 +40,12 @@ from activities.contracts import (
     SettleResult,
 )
 from activities.errors import AdapterError
+from activities.outages import through_outages
+from activities.output import OutputStreams
+from activities.prices import PriceTable
 from projections import metrics
 from projections.chain_store import check_parents, parent_answers, waiting_children
 from projections.chains import substitute
-from projections.errors import database_unavailable
 from projections.ids import response_id_for
 from projections.lifecycle import (
     AttemptResult,
@@ -51,43 +58,11 @@ from projections.lifecycle import (
 )
 from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
+from projections.streams import AttemptUsage, OutputBatch
 
 TRACER = trace.get_tracer("promptjobs.activities")
 
 T = TypeVar("T")
-
-# How an attempt waits for the projection database to come back: growing, jittered pauses.
-OUTAGE_FIRST_WAIT_S = 0.5
-OUTAGE_MAX_WAIT_S = 5.0
-
-
-async def through_outages(what: str, write: Callable[[], Awaitable[T]]) -> T:
-    """Run a projection write (or read), waiting out a database outage however long it lasts.
-
-    The database being unreachable is not the job's failure: raised out of the activity it
-    would spend one of the job's attempts (Temporal retries by attempt) and, once they were
-    spent, decide its outcome. So the attempt waits here instead, heartbeating all along (the
-    caller's `heartbeating`), until the write lands or the job's ceiling cancels the attempt
-    (the workflow then fails it as `stuck`, which a settle activity records once the
-    database is back: those retry without limit)."""
-    wait_s = OUTAGE_FIRST_WAIT_S
-    failures = 0
-    while True:
-        try:
-            return await write()
-        except Exception as err:
-            if not database_unavailable(err):
-                raise
-            failures += 1
-            if failures == 1 or failures % 20 == 0:
-                activity.logger.warning(
-                    "projection database unavailable (%s, try %d), waiting: %s",
-                    what,
-                    failures,
-                    err.__class__.__name__,
-                )
-        await asyncio.sleep(wait_s * (0.5 + random.random()))
-        wait_s = min(OUTAGE_MAX_WAIT_S, wait_s * 2)
 
 
 def worker_identity() -> str:
@@ -117,6 +92,72 @@ def cut_off_by_shutdown() -> bool:
     return details is not None and details.worker_shutdown and not details.cancel_requested
 
 
+@dataclass(frozen=True)
+class Succeeded:
+    """A successful call: the job's prompt, what it produced, the streamed text not written
+    yet, and the attempt's usage record."""
+
+    prompt_id: str
+    outcome: AdapterOutcome
+    tail: OutputBatch | None
+    usage: AttemptUsage
+
+
+# About four characters a token: OpenAI's rule of thumb for English, used only where the
+# provider did not say (a stream cut before its usage chunk, the fake provider).
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(text: str) -> int:
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+class AttemptMeter:
+    """Times one attempt and makes its usage record: the provider's counts where it gave
+    them, estimates where it did not (flagged), and the cost by the worker's price table."""
+
+    def __init__(self, owner: JobActivities, org: str, request: AdapterRequest) -> None:
+        self.owner = owner
+        self.org = org
+        self.request = request
+        self.began = time.monotonic()
+        self.began_at = datetime.now(UTC)
+
+    def usage(
+        self, output: StreamedOutput, outcome: str, result: AttemptResult | None = None
+    ) -> AttemptUsage:
+        adapters = self.owner.adapters
+        options = self.request.options
+        provider = result.provider if result else adapters.provider_of(options)
+        model = result.model if result else adapters.model_of(options)
+        given_in = result.input_tokens if result else output.input_tokens
+        given_out = result.output_tokens if result else output.output_tokens
+        estimated = bool(result and result.usage_estimated)
+        if given_in is None:
+            system = str(options.get("system") or "")
+            given_in, estimated = estimate_tokens(system + self.request.prompt), True
+        if given_out is None:
+            given_out, estimated = estimate_tokens(output.text), True
+        first = output.first_delta_at
+        return AttemptUsage(
+            job_id=self.request.job_id,
+            attempt=self.request.attempt,
+            org=self.org,
+            outcome=outcome,
+            provider=provider[:32],
+            model=model[:128],
+            input_tokens=given_in,
+            output_tokens=given_out,
+            usage_estimated=estimated,
+            cost_usd=self.owner.prices.cost(model, given_in, given_out),
+            output_chars=output.length,
+            first_token_ms=None if first is None else round((first - self.began) * 1000),
+            duration_ms=round((time.monotonic() - self.began) * 1000),
+            started_at=self.began_at,
+            ended_at=datetime.now(UTC),
+        )
+
+
 class JobActivities:
     def __init__(
         self,
@@ -127,11 +168,17 @@ class JobActivities:
         worker: str | None = None,
         report_running_after_s: float = 1.0,
         org_max_running: int = 0,
+        streams: OutputStreams | None = None,
+        prices: PriceTable | None = None,
+        metrics_org_labels: bool = False,
     ) -> None:
         self.sessions = sessions
         self.projector = projector
         self.adapters = adapters
         self.backoff = backoff
+        self.streams = streams or OutputStreams(projector.append_outputs, sessions)
+        self.prices = prices or PriceTable.load(None)
+        self.metrics_org_labels = metrics_org_labels
         self.worker = worker or worker_identity()
         # An attempt tells its workflow it is running (for the Web UI) only once it has run
         # this long: each report is a workflow task, and a quick call would pay one for a
@@ -189,17 +236,22 @@ class JobActivities:
         async with DelayedReport(
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
-            prompt_id, outcome = await self._run(call, attempt, running)
+            done = await self._run(call, attempt, running)
         if not call.settle_success:
-            return outcome
-        settled = await self._settle_success(call.job_id, prompt_id, outcome)
+            await self._end_attempt(done.tail, done.usage)
+            return done.outcome
+        settled = await self._settle_success(
+            call.job_id, done.prompt_id, done.outcome, done.tail, done.usage
+        )
         # The response text is in the projection now; it need not enter workflow history.
-        return replace(outcome, text="", settled=settled)
+        return replace(done.outcome, text="", settled=settled)
 
-    async def _run(
-        self, call: AdapterCall, attempt: int, running: DelayedReport
-    ) -> tuple[str, AdapterOutcome]:
-        """The adapter call: (the job's prompt id, what the provider answered)."""
+    async def _run(self, call: AdapterCall, attempt: int, running: DelayedReport) -> Succeeded:
+        """The adapter call, streaming its text to the projection as it comes. It ends in a
+        success (returned with the text not yet written and the attempt's usage), a failure
+        (recorded, and raised for Temporal), a cancellation, or a stop: the job's row says
+        the call is no longer wanted (cancelled, or taken over by a later attempt), and the
+        provider's stream is closed at once instead of at Temporal's next heartbeat."""
         job, prompt = await self._load(call.job_id)
         # On the attempt's activity span (a no-op span while tracing is off).
         trace.get_current_span().set_attributes(
@@ -221,13 +273,34 @@ class JobActivities:
             attempt=attempt,
             options=job_options(job, prompt),
         )
+        meter = AttemptMeter(self, job.org, request)
+        calling: list[asyncio.Task[AttemptResult]] = []
+
+        def stop(why: str) -> None:
+            calling[0].cancel(why)
+
+        stream = self.streams.open(job.job_id, attempt, stop)
+        calling.append(asyncio.create_task(self._complete(request, stream.output)))
         try:
-            result = await self._complete(request)
+            result = await calling[0]
         except AdapterError as err:
-            raise await self._failed_attempt(call, attempt, err, running) from err
+            tail = await self.streams.close(stream)
+            usage = meter.usage(stream.output, err.kind.value)
+            raise await self._failed_attempt(call, attempt, err, running, tail, usage) from err
         except asyncio.CancelledError:
+            tail = await self.streams.close(stream)
+            own = asyncio.current_task()
+            if stream.stopped is not None and own is not None and not own.cancelling():
+                # Stopped by the job's row, not by Temporal: nobody waits for this call.
+                usage = meter.usage(stream.output, JobState.CANCELLED.value)
+                await self._end_attempt(tail, usage)
+                raise await self._stopped(call.job_id, attempt, stream.stopped) from None
             if not cut_off_by_shutdown():
-                raise  # the workflow asked: the job is being cancelled
+                # The workflow asked: the job is being cancelled. What the call streamed and
+                # consumed is kept, however often the cancel is repeated meanwhile.
+                usage = meter.usage(stream.output, JobState.CANCELLED.value)
+                await asyncio.shield(self._end_attempt(tail, usage))
+                raise
             # The worker's grace period ran out mid-call. Reported as a cancellation this
             # would be refused (nobody asked) and the attempt would idle until its heartbeat
             # timed out; as a worker_crash it is re-queued now and runs on another worker.
@@ -235,10 +308,65 @@ class JobActivities:
                 ErrorKind.WORKER_CRASH,
                 f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
             )
-            raise await self._failed_attempt(call, attempt, lost, running) from None
-        return prompt.prompt_id, AdapterOutcome(**asdict(result), attempt=attempt)
+            usage = meter.usage(stream.output, lost.kind.value)
+            raise await self._failed_attempt(call, attempt, lost, running, tail, usage) from None
+        if result.text != stream.output.text:
+            if stream.output.length:
+                activity.logger.warning(
+                    "job %s: the %s adapter's text differs from what it streamed; the streamed "
+                    "text stands",
+                    call.job_id,
+                    result.provider,
+                )
+            else:
+                stream.output.delta(result.text)  # an adapter that answered in one piece
+        tail = await self.streams.close(stream)
+        usage = meter.usage(stream.output, JobState.SUCCEEDED.value, result)
+        outcome = AdapterOutcome(
+            **asdict(
+                replace(
+                    result,
+                    text=stream.output.text,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    usage_estimated=usage.usage_estimated,
+                    cost_usd=usage.cost_usd,
+                    first_token_ms=usage.first_token_ms,
+                )
+            ),
+            attempt=attempt,
+        )
+        return Succeeded(prompt.prompt_id, outcome, tail, usage)
 
-    async def _complete(self, request: AdapterRequest) -> AttemptResult:
+    async def _stopped(self, job_id: str, attempt: int, why: str) -> BaseException:
+        """The call was stopped because the row no longer wants it. A settled row ends the
+        attempt as JOB_CLOSED (the workflow has moved on, or takes the row's word); a row
+        that is only asked to cancel, or already runs a later attempt, waits for Temporal's
+        cancellation, which its next heartbeat brings."""
+        activity.logger.info("job %s attempt %d: provider call stopped: %s", job_id, attempt, why)
+        job, _prompt = await self._load(job_id)
+        if job.state.is_terminal:
+            return ApplicationError(
+                f"job is already {job.state.value}",
+                job.state.value,
+                job.error_kind,
+                job.error_message,
+                type=JOB_CLOSED,
+                non_retryable=True,
+                category=ApplicationErrorCategory.BENIGN,
+            )
+        await asyncio.Event().wait()  # ended by Temporal's cancellation
+        raise AssertionError("unreachable")
+
+    async def _end_attempt(self, tail: OutputBatch | None, usage: AttemptUsage) -> None:
+        await through_outages("end attempt", lambda: self.projector.end_attempt(tail, usage))
+        self._count(usage)
+
+    def _count(self, usage: AttemptUsage) -> None:
+        # Org labels only where the operator turned them on (PROMPTJOBS_METRICS_ORG_LABELS).
+        metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
+
+    async def _complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
         provider = self.adapters.provider_of(request.options)
         # The provider call's own span: the SDKs' HTTP transports are not all httpx (the
         # OpenAI SDK ships its own fork), so the call is traced here, whatever carries it.
@@ -250,7 +378,7 @@ class JobActivities:
             outcome = "ok"
             try:
                 adapter = self.adapters.get(request.options)
-                return await adapter.complete(request)
+                return await adapter.complete(request, output)
             except AdapterError as err:
                 outcome = err.kind.value
                 raise
@@ -279,7 +407,13 @@ class JobActivities:
                 )
 
     async def _failed_attempt(
-        self, call: AdapterCall, attempt: int, err: AdapterError, running: DelayedReport
+        self,
+        call: AdapterCall,
+        attempt: int,
+        err: AdapterError,
+        running: DelayedReport,
+        tail: OutputBatch | None,
+        usage: AttemptUsage,
     ) -> ApplicationError:
         """Ask the lifecycle what this failure leads to; record a re-queue, or leave the end to
         the workflow (which settles the job, showing this attempt's number)."""
@@ -294,6 +428,7 @@ class JobActivities:
         )
         if isinstance(step, End):
             await running.done(send_now=True)
+            await self._end_attempt(tail, usage)
             return adapter_failure(step.message, step.kind, non_retryable=True)
         # The re-queue report follows the running one if that is on its way, never precedes
         # it; one not yet sent is dropped.
@@ -307,7 +442,10 @@ class JobActivities:
             error_message=err.message,
             next_attempt_at=next_at,
         )
-        await through_outages("re-queue", lambda: self.projector.apply(requeue))
+        await through_outages(
+            "re-queue", lambda: self.projector.apply(requeue, tail=tail, usage=usage)
+        )
+        self._count(usage)
         await report_to_workflow(AttemptReport(JobState.QUEUED, attempt, err.kind))
         return adapter_failure(err.message, err.kind, delay=timedelta(seconds=step.delay_s))
 
@@ -337,13 +475,22 @@ class JobActivities:
         return await self._settle_success(final.job_id, job.prompt_id, final.outcome)
 
     async def _settle_success(
-        self, job_id: str, prompt_id: str, outcome: AdapterOutcome
+        self,
+        job_id: str,
+        prompt_id: str,
+        outcome: AdapterOutcome,
+        tail: OutputBatch | None = None,
+        usage: AttemptUsage | None = None,
     ) -> SettleResult:
         response_id = response_id_for(prompt_id, outcome.provider_request_id, job_id)
         result = await through_outages(
             "settle success",
-            lambda: self.projector.succeed(job_id, outcome.attempt, response_id, outcome),
+            lambda: self.projector.succeed(
+                job_id, outcome.attempt, response_id, outcome, tail=tail, usage=usage
+            ),
         )
+        if usage is not None:
+            self._count(usage)
         kept = result.state is JobState.SUCCEEDED
         if kept:
             await wake_children(self.sessions, prompt_id)

@@ -10,10 +10,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 from sse_starlette import ServerSentEvent
 
-from api.schemas import JobOut
+from api.schemas import JobOut, OutputChunk, OutputReset
+from projections.lifecycle import EventType
 from projections.models import JobEvent
 from projections.scope import Scope
 
@@ -29,8 +31,15 @@ LiveKeys = Callable[[set[str]], Awaitable[set[str]]]
 
 def frame(event: JobEvent) -> bytes:
     """The event as the bytes of one SSE message: encoded once, shared by every stream."""
-    row = JobOut.model_validate(event.data).model_dump_json()
-    return ServerSentEvent(data=row, event=event.type, id=str(event.id)).encode()
+    data = DATA_SHAPES.get(event.type, JobOut).model_validate(event.data).model_dump_json()
+    return ServerSentEvent(data=data, event=event.type, id=str(event.id)).encode()
+
+
+# Each event type's data on the wire; a type that carries the job row is JobOut.
+DATA_SHAPES: dict[str, type[BaseModel]] = {
+    EventType.OUTPUT: OutputChunk,
+    EventType.OUTPUT_RESET: OutputReset,
+}
 
 
 class LiveEvent:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    ConfigDict,
     Field,
     Strict,
     StrictStr,
@@ -19,7 +20,7 @@ from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, Promp
 from projections.chains import MAX_PARENTS
 from projections.lifecycle import JobState
 from projections.models import Job, Prompt, Response
-from projections.rows import JobRow
+from projections.rows import JobRow, Timestamp
 from projections.writes import RetryChanges
 
 # Shared by a submission and a retry's replacements, so both are validated alike.
@@ -99,6 +100,58 @@ class JobOut(JobRow):
         return cls.model_validate(job)
 
 
+class OutputChunk(BaseModel):
+    """A piece of a job's streamed text (the data of a `job.output` event)."""
+
+    job_id: str
+    attempt: int = Field(description="The attempt that streamed it")
+    offset: int = Field(description="Where `text` starts in that attempt's output (characters)")
+    text: str
+
+
+class OutputReset(BaseModel):
+    """The data of a `job.output_reset` event: drop the text of earlier attempts."""
+
+    job_id: str
+    attempt: int = Field(description="The new attempt, whose text follows from offset 0")
+
+
+class OutputOut(OutputChunk):
+    """`GET /v1/jobs/{id}/output`: the current attempt's text from an offset on."""
+
+    done: bool = Field(
+        description="The job has settled and its last attempt has written all it streamed: "
+        "no more text will come"
+    )
+
+
+class AttemptOut(BaseModel):
+    """One attempt of a job: how it ended and what it consumed."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    attempt: int
+    outcome: str = Field(description="succeeded, cancelled, or the error kind it failed with")
+    provider: str
+    model: str
+    input_tokens: int | None
+    output_tokens: int | None
+    usage_estimated: bool = Field(
+        description="The counts are ours (counted or estimated), not the provider's"
+    )
+    cost_usd: float | None = Field(description="null: the model has no price")
+    output_chars: int = Field(description="Characters of text the attempt streamed")
+    first_token_ms: int | None = Field(description="From the call's start to its first text")
+    duration_ms: int
+    started_at: Timestamp
+    ended_at: Timestamp
+
+
+class AttemptList(BaseModel):
+    job_id: str
+    attempts: list[AttemptOut]
+
+
 class Accepted(BaseModel):
     prompt_id: str
     job_id: str
@@ -159,6 +212,12 @@ class PromptList(BaseModel):
 class Usage(BaseModel):
     input_tokens: int | None
     output_tokens: int | None
+    usage_estimated: bool = Field(
+        description="The counts are ours (counted or estimated), not the provider's"
+    )
+    cost_usd: float | None = Field(
+        description="By the workers' price table, in US dollars; null when the model has no price"
+    )
 
 
 class ResponseOut(BaseModel):
@@ -176,6 +235,7 @@ class ResponseOut(BaseModel):
     finish_reason: str | None
     usage: Usage
     latency_ms: int | None
+    first_token_ms: int | None = Field(description="From the call's start to its first text")
     attempt: int
     created_at: datetime
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import BigInteger, Connection, Engine, Executable, event, text
+from sqlalchemy import BigInteger, Connection, Engine, Executable, Float, event, text
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -458,6 +458,17 @@ def _horizon_postgresql(element: VisibleHorizon, compiler: Any, **kw: Any) -> st
     return f"(pg_snapshot_xmin(pg_current_snapshot())::text::bigint * {EVENTS_PER_TRANSACTION})"
 
 
+# PostgreSQL's type code of double precision: psycopg's float result processor asks which
+# floating type a column is (SQLAlchemy passes the cursor's; a prepared statement has none).
+PG_FLOAT8 = 701
+
+
+def _coltype(column: Any, dialect: Any) -> int | None:
+    if dialect.name == "postgresql" and isinstance(column.type, Float):
+        return PG_FLOAT8
+    return None
+
+
 class Prepared:
     """A statement compiled once for a dialect and then run on the raw DBAPI cursor.
 
@@ -478,7 +489,7 @@ class Prepared:
             name: bind.type._cached_bind_processor(dialect) for name, bind in compiled.binds.items()
         }
         self.returning = [
-            (column.key, column.type._cached_result_processor(dialect, None))
+            (column.key, column.type._cached_result_processor(dialect, _coltype(column, dialect)))
             for column in getattr(statement, "_returning", ())
         ]
 

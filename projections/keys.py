@@ -14,8 +14,8 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
+from projections.event_log import utcnow
 from projections.models import ApiKey
-from projections.projector import utcnow
 from projections.scope import Scope
 
 ROLES = ("member", "admin")

@@ -132,6 +132,35 @@ def progress_rank(state: JobState, attempt: int) -> int:
     return 2 * attempt + 1
 
 
+# -- the event log --------------------------------------------------------------------------
+
+
+class EventType(StrEnum):
+    """What a row of the job event log (the SSE and polling cursor's log) records."""
+
+    # An applied transition; data: the job row after it.
+    STATE_CHANGED = "job.state_changed"
+    # A batch of the current attempt's streamed text; data: {job_id, attempt, offset, text}.
+    OUTPUT = "job.output"
+    # A new attempt started after an earlier one streamed text: drop it; data: {job_id,
+    # attempt} (the new attempt).
+    OUTPUT_RESET = "job.output_reset"
+    # An attempt's usage was recorded after its job settled (a cancelled call's last tokens);
+    # data: the job row with its new sums. Before settling, the next transition carries it.
+    USAGE = "job.usage"
+
+    @property
+    def carries_row(self) -> bool:
+        """Whether the event's data is a job row (else an output payload)."""
+        return self in (EventType.STATE_CHANGED, EventType.USAGE)
+
+
+# The states in which the current attempt's streamed text may still grow: running, and the
+# last moments of an attempt that was cancelled or failed mid-stream (its final batch lands
+# after the row settled).
+OUTPUT_STATES = (JobState.RUNNING, JobState.CANCELLED, JobState.FAILED)
+
+
 # -- what a failed attempt leads to ------------------------------------------------------
 
 
@@ -250,3 +279,9 @@ class AttemptResult:
     input_tokens: int | None = None
     output_tokens: int | None = None
     latency_ms: int | None = None
+    # From the call's start to its first streamed text.
+    first_token_ms: int | None = None
+    # The token counts are ours (counted or estimated), not the provider's.
+    usage_estimated: bool = False
+    # What the attempt cost by the worker's price table; None when the model has no price.
+    cost_usd: float | None = None

@@ -12,10 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from projections.lifecycle import JobState
+
+if TYPE_CHECKING:
+    from projections.streams import AttemptUsage
 
 SUBMISSIONS = Counter(
     "promptjobs_submissions",
@@ -41,7 +45,26 @@ JOBS = Gauge(
     ["state"],
 )
 
-ALL = (SUBMISSIONS, TRANSITIONS, ADAPTER_LATENCY, JOBS)
+TOKENS = Counter(
+    "promptjobs_tokens",
+    "Tokens attempts consumed (the provider's counts, or estimates where it gave none), by "
+    "provider, model and direction (input or output); org is empty unless "
+    "PROMPTJOBS_METRICS_ORG_LABELS is on",
+    ["provider", "model", "direction", "org"],
+)
+COST = Counter(
+    "promptjobs_cost_usd",
+    "What attempts cost by the workers' price table, in US dollars (attempts on a model "
+    "without a price are counted in promptjobs_unpriced_attempts instead)",
+    ["provider", "model", "org"],
+)
+UNPRICED = Counter(
+    "promptjobs_unpriced_attempts",
+    "Attempts whose cost is unknown: their model has no price in PROMPTJOBS_PRICES_FILE",
+    ["provider", "model", "org"],
+)
+
+ALL = (SUBMISSIONS, TRANSITIONS, ADAPTER_LATENCY, JOBS, TOKENS, COST, UNPRICED)
 
 
 def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str]:
@@ -54,6 +77,17 @@ def count_transitions(committed: list[tuple[str, str]]) -> None:
     """Count transitions once their transaction has committed (a rolled-back one never is)."""
     for state, kind in committed:
         TRANSITIONS.labels(state=state, error_kind=kind).inc()
+
+
+def count_usage(usage: AttemptUsage, org: str) -> None:
+    """Count one recorded attempt's tokens and cost."""
+    labels = {"provider": usage.provider, "model": usage.model, "org": org}
+    TOKENS.labels(direction="input", **labels).inc(usage.input_tokens or 0)
+    TOKENS.labels(direction="output", **labels).inc(usage.output_tokens or 0)
+    if usage.cost_usd is None:
+        UNPRICED.labels(**labels).inc()
+    else:
+        COST.labels(**labels).inc(usage.cost_usd)
 
 
 def record_queue_depth(counts: dict[JobState, int]) -> None:

@@ -1,5 +1,5 @@
-"""SQLAlchemy models of the projection: API keys, prompts, jobs, job events, responses and
-worker processes."""
+"""SQLAlchemy models of the projection: API keys, prompts, jobs, job events, responses, each
+job's streamed output and each attempt's usage, and worker processes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Enum,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -182,6 +184,12 @@ class Job(Base):
     # When the current attempt started (started_at is the first attempt's).
     attempt_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # What the job's attempts consumed, summed as each attempt ends (the `attempts` table has
+    # each one). cost_usd is NULL once an attempt ran on a model the price table does not
+    # know: unknown, not 0 (NULL + x stays NULL in SQL).
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cost_usd: Mapped[float | None] = mapped_column(Float, default=0.0, server_default="0")
 
 
 def job_options(job: Job, prompt: Prompt) -> dict[str, Any]:
@@ -234,8 +242,56 @@ class Response(Base):
     input_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     latency_ms: Mapped[int | None] = mapped_column(Integer)
+    first_token_ms: Mapped[int | None] = mapped_column(Integer)
+    usage_estimated: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    cost_usd: Mapped[float | None] = mapped_column(Float)
     attempt: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class JobOutput(Base):
+    """The text a job's current attempt has streamed so far (each batch is also a
+    `job.output` event in the log). A new attempt that starts after streamed text replaces
+    it, with a `job.output_reset` event; once the job succeeds it equals the response."""
+
+    __tablename__ = "job_outputs"
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    # Characters in `text`: the offset the next batch must start at.
+    length: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Attempt(Base):
+    """What one attempt consumed and how it ended, written once by the attempt's worker when
+    the call ends (succeeded, failed, cancelled). An attempt whose worker died records
+    nothing: its usage is unknown."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (
+        # promptjobs jobs metrics: usage per org (and per model) since a time.
+        Index("ix_attempts_org_ended", "org", "ended_at"),
+        Index("ix_attempts_ended", "ended_at"),
+    )
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    # succeeded, cancelled, or the error kind the attempt failed with.
+    outcome: Mapped[str] = mapped_column(String(32))
+    provider: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    usage_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    output_chars: Mapped[int] = mapped_column(Integer, default=0)
+    first_token_ms: Mapped[int | None] = mapped_column(Integer)
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    ended_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class WorkerProcess(Base):

@@ -9,12 +9,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, delete, func, not_, select
+from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
 from projections.lifecycle import TERMINAL, JobState
-from projections.models import Job, JobEvent, Prompt, PromptParent, Response
+from projections.models import (
+    Attempt,
+    Job,
+    JobEvent,
+    JobOutput,
+    Prompt,
+    PromptParent,
+    Response,
+)
 from projections.projector import exclude_writers_of_prompts
 
 PERCENTILES = (50, 90, 99)
@@ -115,6 +123,74 @@ async def queue_metrics(
     return result
 
 
+@dataclass
+class UsageMetrics:
+    """What one org's attempts on one model consumed (model "*": the org's total)."""
+
+    org: str
+    provider: str
+    model: str
+    attempts: int
+    input_tokens: int
+    output_tokens: int
+    # Of the attempts with a price; `unpriced` attempts ran on a model without one.
+    cost_usd: float
+    unpriced: int
+    # Attempts whose counts are ours (estimated), not the provider's.
+    estimated: int
+
+
+async def usage_metrics(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    since: datetime | None = None,
+    org: str | None = None,
+) -> list[UsageMetrics]:
+    """Tokens and cost of the attempts that ended at or after `since`, per org and model,
+    each org followed by its total."""
+    stmt = select(
+        Attempt.org,
+        Attempt.provider,
+        Attempt.model,
+        func.count(),
+        func.coalesce(func.sum(Attempt.input_tokens), 0),
+        func.coalesce(func.sum(Attempt.output_tokens), 0),
+        func.coalesce(func.sum(Attempt.cost_usd), 0.0),
+        func.count() - func.count(Attempt.cost_usd),
+        func.sum(case((Attempt.usage_estimated, 1), else_=0)),
+    ).group_by(Attempt.org, Attempt.provider, Attempt.model)
+    if since is not None:
+        stmt = stmt.where(Attempt.ended_at >= since)
+    if org is not None:
+        stmt = stmt.where(Attempt.org == org)
+    async with sessions() as session:
+        rows = (
+            await session.execute(stmt.order_by(Attempt.org, Attempt.provider, Attempt.model))
+        ).all()
+    result: list[UsageMetrics] = []
+    for name in sorted({row[0] for row in rows}):
+        mine = [
+            UsageMetrics(o, p, m, n, int(i), int(out), round(float(c), 9), int(u), int(e or 0))
+            for o, p, m, n, i, out, c, u, e in rows
+            if o == name
+        ]
+        result.extend(mine)
+        result.append(
+            UsageMetrics(
+                name,
+                "*",
+                "*",
+                sum(u.attempts for u in mine),
+                sum(u.input_tokens for u in mine),
+                sum(u.output_tokens for u in mine),
+                round(sum(u.cost_usd for u in mine), 9),
+                sum(u.unpriced for u in mine),
+                sum(u.estimated for u in mine),
+            )
+        )
+    return result
+
+
 def error_rate(states: Counter[str]) -> float | None:
     """Of the jobs that came to an outcome that stands, the share that failed."""
     outcomes = [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED]
@@ -197,9 +273,10 @@ async def archive(
     dry_run: bool = False,
     batch: int | None = None,
 ) -> Archived:
-    """Remove terminal jobs finished before `before` with their events; a prompt left with no
-    job goes too, with its responses. One transaction that excludes user retries, so a
-    concurrent retry cannot add a job to a prompt being removed.
+    """Remove terminal jobs finished before `before` with their events, their streamed
+    output and their attempt records; a prompt left with no job goes too, with its
+    responses. One transaction that excludes user retries, so a concurrent retry cannot add
+    a job to a prompt being removed.
 
     `batch`: remove at most that many jobs (the longest finished first), so that one
     transaction holds the write lock briefly; the scheduled retention calls this until a
@@ -228,6 +305,8 @@ async def archive(
         if not dry_run:
             await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
             await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
+            await session.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
+            await session.execute(delete(Attempt).where(Attempt.job_id.in_(old_jobs)))
             await session.execute(delete(Job).where(chosen))
             orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
             orphans = select(Prompt.prompt_id).where(orphan)

@@ -9,40 +9,45 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, insert, select, text, update
+from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.admission import Waiting, admit
-from projections.db import GroupCommit, Prepared, WriteTx
+from projections.db import GroupCommit, WriteTx
+from projections.event_log import log_event, prepared, utcnow
 from projections.lifecycle import (
     AttemptResult,
     ErrorKind,
+    EventType,
     JobState,
     lost_attempt_message,
     progress_rank,
     sources_of,
 )
 from projections.metrics import transition_labels
-from projections.models import Base, Job, JobEvent, Response
+from projections.models import Base, Job, Response
 from projections.rows import job_row
+from projections.streams import (
+    AttemptUsage,
+    OutputBatch,
+    OutputWritten,
+    append_output,
+    record_attempt,
+    reset_output,
+)
 
-STATE_CHANGED = "job.state_changed"
+STATE_CHANGED = EventType.STATE_CHANGED
 JOBS = Base.metadata.tables[Job.__tablename__]
-EVENTS = Base.metadata.tables[JobEvent.__tablename__]
 RESPONSES = Base.metadata.tables[Response.__tablename__]
 
 # Taken shared by a user retry, exclusive by `jobs archive` (PostgreSQL), so an archive cannot
 # remove a prompt a retry is adding a job to. No other writer takes it.
 PROMPT_ARCHIVE_LOCK = 7215001
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -81,25 +86,24 @@ def job_of(row: Row[Any]) -> Job:
     return Job(**row._mapping)
 
 
-def append_event(tx: WriteTx, job: Job, event_id: int, now: datetime) -> int:
+def append_event(
+    tx: WriteTx, job: Job, event_id: int, now: datetime, kind: EventType = STATE_CHANGED
+) -> int:
     """Log the row as it now stands; `event_id` is already the row's last_event_id."""
-    statement = prepared(tx, ("append_event",), lambda: insert(EVENTS))
-    statement.run(
+    log_event(
         tx,
-        {
-            "id": event_id,
-            "type": STATE_CHANGED,
-            "job_id": job.job_id,
-            "prompt_id": job.prompt_id,
-            "org": job.org,
-            "author": job.author,
-            "state": job.state,
-            "data": job_row(job),
-            "created_at": now,
-        },
+        kind,
+        job_id=job.job_id,
+        prompt_id=job.prompt_id,
+        org=job.org,
+        author=job.author,
+        state=job.state,
+        data=job_row(job),
+        now=now,
+        event_id=event_id,
     )
-    tx.used_event_id(event_id)
-    tx.committed_transitions.append(transition_labels(job.state, job.error_kind))
+    if kind is STATE_CHANGED:
+        tx.committed_transitions.append(transition_labels(job.state, job.error_kind))
     return event_id
 
 
@@ -168,18 +172,6 @@ def _shape(t: Transition) -> tuple[Any, ...]:
     )
 
 
-_prepared: dict[tuple[Any, ...], Prepared] = {}
-
-
-def prepared(tx: WriteTx, key: tuple[Any, ...], build: Callable[[], Any]) -> Prepared:
-    """The statement `build` makes, compiled once per dialect and `key`."""
-    full = (tx.conn.dialect.name, *key)
-    found = _prepared.get(full)
-    if found is None:
-        found = _prepared[full] = Prepared(build(), tx.conn.dialect)
-    return found
-
-
 def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
     """Apply `t` if the row allows it: the row as it now stands, or None if refused."""
     event_id = tx.next_event_id()
@@ -235,12 +227,45 @@ class Projector:
             self.on_commit()
         return result
 
-    async def apply(self, t: Transition) -> Applied:
+    async def apply(
+        self,
+        t: Transition,
+        *,
+        tail: OutputBatch | None = None,
+        usage: AttemptUsage | None = None,
+    ) -> Applied:
+        """Apply `t`; an attempt that ends with it (a re-queue) first adds its last streamed
+        text and its usage, so the transition's event carries the new sums."""
+
         def write(tx: WriteTx) -> Applied:
-            job = transition(tx, t, utcnow())
+            now = utcnow()
+            _end_attempt(tx, tail, usage, now)
+            job = transition(tx, t, now)
             return _applied(job) if job is not None else _refused(tx, t.job_id)
 
         return self._committed(await self.writes.run(write))
+
+    async def end_attempt(self, tail: OutputBatch | None, usage: AttemptUsage) -> None:
+        """An attempt ended without a transition of its own (its job fails or is cancelled by
+        the workflow): keep its last streamed text and record what it consumed."""
+
+        def write(tx: WriteTx) -> bool:
+            return _end_attempt(tx, tail, usage, utcnow())
+
+        if await self.writes.run(write) and self.on_commit is not None:
+            self.on_commit()
+
+    async def append_outputs(self, batches: list[OutputBatch]) -> list[OutputWritten]:
+        """Batches of streamed text, of any number of jobs, in one transaction."""
+
+        def write(tx: WriteTx) -> list[OutputWritten]:
+            now = utcnow()
+            return [append_output(tx, batch, now) for batch in batches]
+
+        written = await self.writes.run(write)
+        if any(w.applied for w in written) and self.on_commit is not None:
+            self.on_commit()
+        return written
 
     async def start_attempt(
         self, job_id: str, attempt: int, worker: str, *, org_limit: int | None = None
@@ -260,6 +285,7 @@ class Projector:
                 return Applied(False, seen.state, seen.attempt, waiting=waiting)
             job = transition(tx, running, now)
             if job is not None:
+                reset_output(tx, job, now)
                 return _applied(job)
             seen = current(tx, job_id)
             if seen is None:
@@ -281,15 +307,25 @@ class Projector:
             events = [j.last_event_id for j in (lost, job) if j is not None]
             if job is None:
                 return Applied(False, *_state_of(tx, job_id), events)
+            reset_output(tx, job, now)
             return Applied(True, job.state, job.attempt, events)
 
         return self._committed(await self.writes.run(write))
 
     async def succeed(
-        self, job_id: str, attempt: int, response_id: str, response: AttemptResult
+        self,
+        job_id: str,
+        attempt: int,
+        response_id: str,
+        response: AttemptResult,
+        *,
+        tail: OutputBatch | None = None,
+        usage: AttemptUsage | None = None,
     ) -> Applied:
         """Persist the response and settle the job, only if this attempt is still the job's.
-        A response for a cancelled job, or from an attempt presumed dead, is discarded."""
+        A response for a cancelled job, or from an attempt presumed dead, is discarded (its
+        usage is recorded all the same: the tokens were spent). `tail` is the streamed text
+        not yet written, so the output equals the response when the job succeeds."""
         settled = Transition(
             job_id, JobState.SUCCEEDED, attempt, response_id=response_id,
             require_current_attempt=True,
@@ -297,6 +333,7 @@ class Projector:
 
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
+            _end_attempt(tx, tail, usage, now)
             job = transition(tx, settled, now)
             if job is None:
                 return _refused(tx, job_id)
@@ -315,6 +352,18 @@ class Projector:
             return _applied(job)
 
         return self._committed(await self.writes.run(write))
+
+
+def _end_attempt(
+    tx: WriteTx, tail: OutputBatch | None, usage: AttemptUsage | None, now: datetime
+) -> bool:
+    """An attempt's last text and its usage record; whether either logged an event."""
+    events = tx.last_event_id
+    if tail is not None:
+        append_output(tx, tail, now)
+    if usage is not None:
+        record_attempt(tx, usage, now)
+    return tx.last_event_id != events
 
 
 def _state_of(tx: WriteTx, job_id: str) -> tuple[JobState, int]:

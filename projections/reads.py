@@ -4,6 +4,7 @@ prompts with their jobs, responses."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, cast
 
 from sqlalchemy import Select, and_, func, or_, select
@@ -11,9 +12,22 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import aliased
 
 from projections.db import VisibleHorizon
-from projections.lifecycle import JobState
-from projections.models import Job, JobEvent, Prompt, PromptParent, Response
+from projections.event_log import utcnow
+from projections.lifecycle import EventType, JobState
+from projections.models import (
+    Attempt,
+    Job,
+    JobEvent,
+    JobOutput,
+    Prompt,
+    PromptParent,
+    Response,
+)
 from projections.scope import Scope, get_visible, scoped
+
+# How long after a job settled its last attempt may still be writing its final text (a worker
+# that died meanwhile never will: past this the output counts as final anyway).
+OUTPUT_SETTLE = timedelta(seconds=30)
 
 # A listing of prompts shows this many of each prompt's jobs, the newest; the prompt's own page
 # shows them all.
@@ -28,12 +42,54 @@ class Page:
     next_cursor: int
 
 
+@dataclass
+class Output:
+    """A job's streamed text as `output` read it: the job row, the attempt the text is of,
+    where the text starts and the text."""
+
+    job: Job
+    attempt: int
+    offset: int
+    text: str
+    done: bool
+
+
 class JobReads:
     sessions: async_sessionmaker[AsyncSession]
 
     async def job(self, scope: Scope, job_id: str) -> Job:
         async with self.sessions() as session:
             return await get_visible(session, Job, "job", job_id, scope)
+
+    async def output(self, scope: Scope, job_id: str, since: int) -> Output:
+        """The text the job's current attempt has streamed, from character `since` on (from
+        its end, if `since` is past it). One snapshot: the job and its output read together."""
+        async with self.sessions() as session:
+            job = await get_visible(session, Job, "job", job_id, scope)
+            stored = await session.get(JobOutput, job_id)
+            ended = job.attempt == 0 or (
+                await session.get(Attempt, (job_id, job.attempt)) is not None
+            )
+        # Final once the job has settled and its last attempt has ended: a call cut by a
+        # cancel writes its last text with its usage record, just after the row settles.
+        done = job.state.is_terminal and (
+            ended
+            or job.state in (JobState.SUCCEEDED, JobState.SUPERSEDED)
+            or job.finished_at is None
+            or utcnow() - job.finished_at > OUTPUT_SETTLE
+        )
+        if stored is None or stored.attempt != job.attempt:
+            # Nothing streamed by this attempt yet (an earlier one's text was reset).
+            return Output(job, job.attempt, 0, "", done)
+        offset = min(max(since, 0), stored.length)
+        return Output(job, stored.attempt, offset, stored.text[offset:], done)
+
+    async def attempts(self, scope: Scope, job_id: str) -> tuple[Job, list[Attempt]]:
+        """The job and each of its attempts that recorded what it consumed, oldest first."""
+        async with self.sessions() as session:
+            job = await get_visible(session, Job, "job", job_id, scope)
+            stmt = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)
+            return job, list((await session.execute(stmt)).scalars())
 
     async def jobs_changed_since(
         self, scope: Scope, since: int, limit: int, state: JobState | None = None
@@ -84,10 +140,20 @@ class JobReads:
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 
-    async def job_events(self, scope: Scope, job_id: str) -> list[JobEvent]:
+    async def job_events(
+        self,
+        scope: Scope,
+        job_id: str,
+        kinds: tuple[EventType, ...] = (EventType.STATE_CHANGED,),
+    ) -> list[JobEvent]:
+        """The job's events of these kinds in log order: by default its transitions."""
         await self.job(scope, job_id)
         async with self.sessions() as session:
-            stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            stmt = (
+                select(JobEvent)
+                .where(JobEvent.job_id == job_id, JobEvent.type.in_(kinds))
+                .order_by(JobEvent.id)
+            )
             return list((await session.execute(stmt)).scalars())
 
     async def latest_event_id(self) -> int:

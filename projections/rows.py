@@ -62,6 +62,16 @@ class JobRow(BaseModel):
         description="When the current (latest) attempt started"
     )
     finished_at: Timestamp | None
+    # Defaults: events logged before migration 0009 hold rows without them.
+    input_tokens: int = Field(
+        default=0, description="Input tokens of every attempt that recorded its usage, summed"
+    )
+    output_tokens: int = Field(default=0, description="Output tokens of those attempts, summed")
+    cost_usd: float | None = Field(
+        default=None,
+        description="What those attempts cost by the workers' price table, in US dollars; "
+        "null when unknown (an attempt ran on a model without a price)",
+    )
 
 
 def job_row(job: Job) -> dict[str, Any]:

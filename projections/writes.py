@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import WriteTx
 from projections.errors import IdempotencyConflict, InvalidState, NotFound, RetryLimit
+from projections.event_log import prepared, utcnow
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
 from projections.models import Base, Job, Prompt, PromptParent, job_options
@@ -26,10 +27,8 @@ from projections.projector import (
     Transition,
     append_event,
     current,
-    prepared,
     share_prompts_with_archive,
     transition,
-    utcnow,
 )
 from projections.scope import Scope, plausible, visible
 
@@ -211,6 +210,9 @@ class JobWrites:
             # A chain's child waits on all its parents until its workflow has checked them.
             waiting_on=list(prompt["after"]) if prompt.get("after") else None,
             progress_rank=1,
+            input_tokens=0,
+            output_tokens=0,
+            cost_usd=0.0,
             last_event_id=tx.next_event_id(),
             created_at=now,
             updated_at=now,

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
+from activities.prices import InvalidPrices
 from promptjobs import cli_jobs, cli_orgs
 from promptjobs.console import CliError, run
 from promptjobs.launch import (
@@ -271,7 +272,7 @@ def main() -> None:
     code = 0
     try:
         app()
-    except (CliError, LaunchError, FileNotFoundError) as err:
+    except (CliError, LaunchError, InvalidPrices, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         code = 1
     except ValidationError as err:

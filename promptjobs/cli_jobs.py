@@ -18,9 +18,9 @@ from activities.adapters.base import InvalidOptions
 from projections import operations, workers
 from projections.chain_store import parents_state
 from projections.errors import InvalidState, NotFound, RetryLimit
+from projections.event_log import utcnow
 from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, WorkerProcess
-from projections.projector import utcnow
 from projections.scope import Scope
 from promptjobs.console import (
     JOB_COLUMNS,
@@ -260,16 +260,21 @@ def metrics(
     as_json: JsonOpt = False,
 ) -> None:
     """Per org: jobs by state, wait (created→started) and run (started→finished) latency in
-    seconds (mean and percentiles), error rate (failed / settled) and error kinds."""
+    seconds (mean and percentiles), error rate (failed / settled) and error kinds; and per
+    org and model, the tokens and cost of the attempts that ended since then."""
     after = parse_when(since, "--since") if since else None
 
-    async def fetch() -> list[operations.OrgMetrics]:
+    async def fetch() -> tuple[list[operations.OrgMetrics], list[operations.UsageMetrics]]:
         async with operator_projection() as projection:
-            return await operations.queue_metrics(projection.sessions, since=after, org=org)
+            sessions = projection.sessions
+            return (
+                await operations.queue_metrics(sessions, since=after, org=org),
+                await operations.usage_metrics(sessions, since=after, org=org),
+            )
 
-    per_org = run(fetch())
+    per_org, usage = run(fetch())
     if as_json:
-        emit_json({"orgs": [asdict(m) for m in per_org]})
+        emit_json({"orgs": [asdict(m) for m in per_org], "usage": [asdict(u) for u in usage]})
         return
     out = console()
     states = [state.value for state in JobState]
@@ -292,6 +297,36 @@ def metrics(
             "error kinds (failed, and re-queued after a failed attempt)",
             ("org", "error kind", "jobs"),
             ((m.org, kind, n) for m in per_org for kind, n in m.error_kinds.items()),
+        )
+    )
+    out.print(
+        table(
+            "usage by model (attempts that ended; cost of the priced ones, in USD)",
+            (
+                "org",
+                "provider",
+                "model",
+                "attempts",
+                "input tokens",
+                "output tokens",
+                "cost",
+                "unpriced",
+                "estimated",
+            ),
+            (
+                [
+                    u.org,
+                    u.provider,
+                    u.model,
+                    u.attempts,
+                    u.input_tokens,
+                    u.output_tokens,
+                    f"{u.cost_usd:.6f}",
+                    u.unpriced,
+                    u.estimated,
+                ]
+                for u in usage
+            ),
         )
     )
 

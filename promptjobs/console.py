@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from api.schemas import RetryJob
+from projections.event_log import utcnow
 from projections.lifecycle import JobState
 from projections.models import Job
-from projections.projector import utcnow
 from projections.rows import job_row
 from projections.writes import RetryChanges
 

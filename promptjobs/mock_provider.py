@@ -2,9 +2,10 @@
 
 Scripting (docs/providers.md has the whole story): a directive `mock:fail=429,500;retry_after=2`
 as the model name, or as a word of the prompt, makes the i-th request for that prompt behave as
-the i-th step of `fail`, and every later one succeed. `POST /mock/script` scripts the next
-requests whatever their prompt. `GET /mock/requests` lists what arrived, `POST /mock/reset`
-forgets it all.
+the i-th step of `fail`, and every later one succeed. A step `reset@3` (or `500@3`, `hang@3`…)
+fails a streamed answer after its third chunk; `chunk_ms` and `chunks` pace and lengthen a
+stream. `POST /mock/script` scripts the next requests whatever their prompt. `GET /mock/requests`
+lists what arrived (and, live, how far each stream got), `POST /mock/reset` forgets it all.
 """
 
 from __future__ import annotations
@@ -19,18 +20,23 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from itertools import cycle, islice
+from typing import Annotated, Any, Literal, Protocol
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 Api = Literal["openai", "anthropic"]
-# A step is an HTTP status to answer with, or one of these behaviours.
+# A step is an HTTP status to answer with, or one of these behaviours...
 Word = Literal["ok", "hang", "malformed", "reset"]
-Step = Word | Annotated[int, Field(ge=400, le=599)]
+# ...or, for a streamed answer, a failure after n chunks: `reset@3`, `500@3`, `truncate@0`.
+MID_STREAM = re.compile(r"^(hang|malformed|reset|truncate|[45]\d\d)@(\d{1,6})$")
+Step = (
+    Word | Annotated[int, Field(ge=400, le=599)] | Annotated[str, Field(pattern=MID_STREAM.pattern)]
+)
 
 DIRECTIVE = "mock:"
 PROMPT_DIRECTIVE = re.compile(r"(?:^|\s)mock:(\S*)")
@@ -43,7 +49,7 @@ LOGGED_CHARS = 4_096
 
 class Script(BaseModel):
     """What the next requests do: request i answers as fail[i-1] while i <= len(fail), then
-    succeeds. The headers and the delay apply to every step of the script."""
+    succeeds. The headers, the delay and the pacing apply to every step of the script."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +57,10 @@ class Script(BaseModel):
     retry_after: float | None = Field(default=None, ge=0, description="Retry-After on a 429")
     retry_after_ms: int | None = Field(default=None, ge=0, description="retry-after-ms on a 429")
     delay_ms: int = Field(default=0, ge=0, le=600_000, description="Wait before answering")
+    chunk_ms: int = Field(default=0, ge=0, le=60_000, description="Wait before each chunk")
+    chunks: int = Field(
+        default=0, ge=0, le=100_000, description="The answer's least length in chunks (words)"
+    )
 
     @classmethod
     def parse(cls, directive: str) -> Script:
@@ -75,6 +85,24 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """How a streamed answer fails: after `after` chunks (or all, if it has fewer), `what`
+    happens: an HTTP status's error event, or a hang, a malformed event, a dropped connection
+    or an end without the final events (`truncate`)."""
+
+    what: str | int
+    after: int
+
+    @classmethod
+    def of(cls, step: Step) -> Cut | None:
+        found = MID_STREAM.match(step) if isinstance(step, str) else None
+        if found is None:
+            return None
+        what, after = found.groups()
+        return cls(int(what) if what.isdigit() else what, int(after))
+
+
+@dataclass(frozen=True)
 class ChatCall:
     """The parts of a provider request the mock looks at and records."""
 
@@ -84,6 +112,9 @@ class ChatCall:
     system: str | None
     max_tokens: int | None
     temperature: float | None
+    stream: bool = False
+    # OpenAI's `stream_options.include_usage`: a last chunk with the usage.
+    include_usage: bool = False
 
     @property
     def key(self) -> str:
@@ -191,21 +222,24 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             attempt, plan = state.plan(call)
         except (ValueError, ValidationError) as err:
             return _error(api, 400, f"mock provider cannot read this request: {err}")
-        state.log.append(
-            {
-                "api": api,
-                "model": call.model,
-                "prompt": _logged(call.prompt),
-                "system": None if call.system is None else _logged(call.system),
-                "max_tokens": call.max_tokens,
-                "temperature": call.temperature,
-                "attempt": attempt,
-                "step": plan.step,
-            }
-        )
+        # Updated while the answer runs: a stream's chunks so far, and when the client left.
+        entry: dict[str, Any] = {
+            "api": api,
+            "model": call.model,
+            "prompt": _logged(call.prompt),
+            "system": None if call.system is None else _logged(call.system),
+            "max_tokens": call.max_tokens,
+            "temperature": call.temperature,
+            "attempt": attempt,
+            "step": plan.step,
+            "stream": call.stream,
+            "chunks": 0,
+            "disconnected_at": None,
+        }
+        state.log.append(entry)
         if plan.script.delay_ms:
             await asyncio.sleep(plan.script.delay_ms / 1000)
-        return await _answer(api, call, plan, request)
+        return await _answer(api, call, plan, request, entry)
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def openai_chat(request: Request) -> Response:
@@ -250,6 +284,7 @@ def _read_call(api: Api, body: Any) -> ChatCall:
         system = None
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     temperature = body.get("temperature")
+    stream_options = body.get("stream_options")
     try:
         return ChatCall(
             api=api,
@@ -258,6 +293,9 @@ def _read_call(api: Api, body: Any) -> ChatCall:
             system=system,
             max_tokens=int(max_tokens) if max_tokens is not None else None,
             temperature=float(temperature) if temperature is not None else None,
+            stream=body.get("stream") is True,
+            include_usage=isinstance(stream_options, dict)
+            and stream_options.get("include_usage") is True,
         )
     except TypeError as err:
         raise ValueError(str(err)) from err
@@ -272,13 +310,28 @@ def _text(message: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
-async def _answer(api: Api, call: ChatCall, plan: Plan, request: Request) -> Response:
-    step = plan.step
+async def _answer(
+    api: Api, call: ChatCall, plan: Plan, request: Request, entry: dict[str, Any]
+) -> Response:
+    cut = Cut.of(plan.step)
+    step: int | str = plan.step
+    if call.stream:
+        if step == "reset":
+            # Dropped before the first chunk (a `malformed` stays JSON: a server that ignored
+            # `stream`, or a proxy's page).
+            cut = Cut(step, 0)
+        if cut is not None or step == "ok":
+            return EventStream(_reply(call, plan.script), plan.script, cut, entry)
+    elif cut is not None:
+        # Without a stream there is no middle: the failure comes whole (an answer cut short
+        # is a body that ends early).
+        step = "malformed" if cut.what == "truncate" else cut.what
     if step == "ok":
-        return _success(api, call)
+        return _reply(call, plan.script).whole()
     if step == "hang":
         with suppress(TimeoutError):
             await asyncio.wait_for(_disconnected(request), HANG_LIMIT_S)
+            entry["disconnected_at"] = time.time()
         return _error(api, 504, "the mock hung until the client went away")
     if step == "malformed":
         return Response(b'{"id": "truncated", "choi', media_type="application/json")
@@ -320,81 +373,337 @@ class ConnectionReset(Response):
         # Returning with the body unfinished makes the server close the connection.
 
 
-def _reply(prompt: str, max_tokens: int | None) -> tuple[str, bool]:
-    """A deterministic answer; a word stands for a token, so max_tokens can cut it short."""
-    digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
-    words = f"[mock:{digest}] {prompt}".split()
-    if max_tokens is not None and len(words) > max_tokens:
-        return " ".join(words[:max_tokens]), True
-    return " ".join(words), False
-
-
-def _success(api: Api, call: ChatCall) -> Response:
-    text, truncated = _reply(call.prompt, call.max_tokens)
-    input_tokens = len(call.prompt.split()) + len((call.system or "").split())
-    output_tokens = len(text.split())
-    request_id = f"req_mock_{uuid.uuid4().hex[:16]}"
-    body: dict[str, Any]
-    if api == "openai":
-        body = {
-            "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": call.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "finish_reason": "length" if truncated else "stop",
-                }
-            ],
-            "usage": {
-                "prompt_tokens": input_tokens,
-                "completion_tokens": output_tokens,
-                "total_tokens": input_tokens + output_tokens,
-            },
-        }
-        return JSONResponse(body, headers={"x-request-id": request_id})
-    body = {
-        "id": f"msg_mock_{uuid.uuid4().hex[:12]}",
-        "type": "message",
-        "role": "assistant",
-        "model": call.model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": "max_tokens" if truncated else "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
-    }
-    return JSONResponse(body, headers={"request-id": request_id})
+def _sse(data: Any, event: str | None = None) -> bytes:
+    named = f"event: {event}\n" if event else ""
+    return f"{named}data: {json.dumps(data)}\n\n".encode()
 
 
 # Each API's error body and error type names, so the SDKs read them as they read the real ones.
 ANTHROPIC_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
+OPENAI_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
+
+
+def _error_body(api: Api, status: int, message: str) -> dict[str, Any]:
+    if api == "openai":
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        code = OPENAI_CODES.get(status)
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    fallback = "api_error" if status >= 500 else "invalid_request_error"
+    return {
+        "type": "error",
+        "error": {"type": ANTHROPIC_TYPES.get(status, fallback), "message": message},
+    }
 
 
 def _error(api: Api, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    request_id = f"req_mock_{uuid.uuid4().hex[:16]}"
-    body: dict[str, Any]
-    if api == "openai":
-        kind = "invalid_request_error" if status < 500 else "server_error"
-        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-        headers = {"x-request-id": request_id, **(headers or {})}
-    else:
-        fallback = "api_error" if status >= 500 else "invalid_request_error"
-        kind = ANTHROPIC_TYPES.get(status, fallback)
-        body = {"type": "error", "error": {"type": kind, "message": message}}
-        headers = {"request-id": request_id, **(headers or {})}
+    name = "x-request-id" if api == "openai" else "request-id"
     return Response(
-        json.dumps(body), status_code=status, media_type="application/json", headers=headers
+        json.dumps(_error_body(api, status, message)),
+        status_code=status,
+        media_type="application/json",
+        headers={name: _request_id(), **(headers or {})},
     )
+
+
+def _request_id() -> str:
+    return f"req_mock_{uuid.uuid4().hex[:16]}"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A success, the same words whether it goes out whole or streamed a word a chunk; a word
+    stands for a token, so max_tokens can cut it short."""
+
+    call: ChatCall
+    words: list[str]
+    truncated: bool
+
+    @property
+    def api(self) -> Api:
+        return self.call.api
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.words)
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.call.prompt.split()) + len((self.call.system or "").split())
+
+    @property
+    def finish_reason(self) -> str:
+        if self.api == "openai":
+            return "length" if self.truncated else "stop"
+        return "max_tokens" if self.truncated else "end_turn"
+
+    def pieces(self) -> Iterator[str]:
+        """The stream's text chunks, whose concatenation is `text`."""
+        return (word if i == 0 else f" {word}" for i, word in enumerate(self.words))
+
+    def usage(self) -> dict[str, int]:
+        output_tokens = len(self.words)
+        if self.api == "anthropic":
+            return {"input_tokens": self.input_tokens, "output_tokens": output_tokens}
+        return {
+            "prompt_tokens": self.input_tokens,
+            "completion_tokens": output_tokens,
+            "total_tokens": self.input_tokens + output_tokens,
+        }
+
+    def whole(self) -> Response:
+        call = self.call
+        body: dict[str, Any]
+        if self.api == "openai":
+            body = {
+                "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": call.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": self.text},
+                        "finish_reason": self.finish_reason,
+                    }
+                ],
+                "usage": self.usage(),
+            }
+            return JSONResponse(body, headers={"x-request-id": _request_id()})
+        body = {
+            "id": f"msg_mock_{uuid.uuid4().hex[:12]}",
+            "type": "message",
+            "role": "assistant",
+            "model": call.model,
+            "content": [{"type": "text", "text": self.text}],
+            "stop_reason": self.finish_reason,
+            "stop_sequence": None,
+            "usage": self.usage(),
+        }
+        return JSONResponse(body, headers={"request-id": _request_id()})
+
+    def stream(self) -> Wire:
+        return OpenAIWire(self) if self.api == "openai" else AnthropicWire(self)
+
+
+def _reply(call: ChatCall, script: Script) -> Reply:
+    """A deterministic answer: the prompt after a digest of it, its words repeated up to
+    `script.chunks`, then cut to `max_tokens`."""
+    digest = hashlib.sha256(call.prompt.encode()).hexdigest()[:12]
+    words = f"[mock:{digest}] {call.prompt}".split()
+    words = list(islice(cycle(words), max(len(words), script.chunks)))
+    limit = call.max_tokens
+    if limit is not None and len(words) > limit:
+        return Reply(call, words[:limit], True)
+    return Reply(call, words, False)
+
+
+class Wire(Protocol):
+    """One API's stream format: what comes before the text, each text chunk, what comes after,
+    and the failures in the middle."""
+
+    request_id_header: bytes
+
+    def head(self) -> list[bytes]: ...
+
+    def piece(self, text: str) -> bytes: ...
+
+    def tail(self) -> list[bytes]: ...
+
+    def error(self, status: int, message: str) -> bytes:
+        """The API's error event for what HTTP `status` would say before a stream."""
+        ...
+
+    def malformed(self) -> bytes:
+        """An event whose data breaks off."""
+        ...
+
+
+class OpenAIWire:
+    """`data: {chat.completion.chunk}` lines, the last choice chunk with its finish_reason, a
+    usage chunk without choices if asked for, then `data: [DONE]`."""
+
+    request_id_header = b"x-request-id"
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.base: dict[str, Any] = {
+            "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": reply.call.model,
+            "system_fingerprint": None,
+        }
+        if reply.call.include_usage:
+            # As OpenAI does: every chunk but the last says it has no usage.
+            self.base["usage"] = None
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return _sse({**self.base, "choices": [choice]})
+
+    def head(self) -> list[bytes]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def piece(self, text: str) -> bytes:
+        return self._chunk({"content": text})
+
+    def tail(self) -> list[bytes]:
+        frames = [self._chunk({}, self.reply.finish_reason)]
+        if self.reply.call.include_usage:
+            frames.append(_sse({**self.base, "choices": [], "usage": self.reply.usage()}))
+        return [*frames, b"data: [DONE]\n\n"]
+
+    def error(self, status: int, message: str) -> bytes:
+        return _sse(_error_body("openai", status, message))
+
+    def malformed(self) -> bytes:
+        return b'data: {"id": "truncated", "choi\n\n'
+
+
+class AnthropicWire:
+    """`message_start`, `content_block_start`, `content_block_delta` per chunk,
+    `content_block_stop`, `message_delta` (stop_reason and output tokens), `message_stop`."""
+
+    request_id_header = b"request-id"
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+
+    def head(self) -> list[bytes]:
+        message: dict[str, Any] = {
+            "id": f"msg_mock_{uuid.uuid4().hex[:12]}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.reply.call.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            # As the API does: the input is counted, the output is not yet.
+            "usage": {"input_tokens": self.reply.input_tokens, "output_tokens": 1},
+        }
+        return [
+            _sse({"type": "message_start", "message": message}, "message_start"),
+            _sse(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+                "content_block_start",
+            ),
+            _sse({"type": "ping"}, "ping"),
+        ]
+
+    def piece(self, text: str) -> bytes:
+        delta = {"type": "text_delta", "text": text}
+        return _sse(
+            {"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"
+        )
+
+    def tail(self) -> list[bytes]:
+        delta = {"stop_reason": self.reply.finish_reason, "stop_sequence": None}
+        usage = {"output_tokens": len(self.reply.words)}
+        return [
+            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta"),
+            _sse({"type": "message_stop"}, "message_stop"),
+        ]
+
+    def error(self, status: int, message: str) -> bytes:
+        return _sse(_error_body("anthropic", status, message), "error")
+
+    def malformed(self) -> bytes:
+        return b'event: content_block_delta\ndata: {"type": "content_block_delta", "ind\n\n'
+
+
+class EventStream(Response):
+    """A streamed answer: a chunk a word, each after `chunk_ms`, failing as `cut` says. The
+    request's log entry counts the chunks sent and records when the client goes away."""
+
+    def __init__(self, reply: Reply, script: Script, cut: Cut | None, entry: dict[str, Any]):
+        super().__init__()
+        self.reply = reply
+        self.script = script
+        self.cut = cut
+        self.entry = entry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+        watcher = asyncio.create_task(self._watch(receive, gone))
+        wire = self.reply.stream()
+        try:
+            headers = [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"),
+                (wire.request_id_header, _request_id().encode()),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            complete = await self._play(wire, send, gone)
+        finally:
+            # Before the last send: once the response is complete, the server reports a
+            # disconnect to a pending receive, which is not the client going away.
+            watcher.cancel()
+            await asyncio.wait([watcher])
+        if complete and not gone.is_set():
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Otherwise returning with the body unfinished makes the server drop the connection.
+
+    async def _watch(self, receive: Receive, gone: asyncio.Event) -> None:
+        message: Message = await receive()
+        while message["type"] != "http.disconnect":
+            message = await receive()
+        self.entry["disconnected_at"] = time.time()
+        gone.set()
+
+    async def _play(self, wire: Wire, send: Send, gone: asyncio.Event) -> bool:
+        """Sends the stream; False when it ends by dropping the connection."""
+
+        async def emit(frame: bytes) -> None:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+
+        for frame in wire.head():
+            await emit(frame)
+        pieces = self.reply.pieces()
+        for piece in pieces if self.cut is None else islice(pieces, self.cut.after):
+            if await _client_gone(gone, self.script.chunk_ms / 1000):
+                return True
+            await emit(wire.piece(piece))
+            self.entry["chunks"] += 1
+        cut = self.cut
+        if cut is None:
+            for frame in wire.tail():
+                await emit(frame)
+        elif cut.what == "reset":
+            return False
+        elif cut.what == "hang":
+            await _client_gone(gone, HANG_LIMIT_S)
+        elif cut.what == "malformed":
+            await emit(wire.malformed())
+        elif isinstance(cut.what, int):
+            message = f"mock provider: scripted {cut.what} after {self.entry['chunks']} chunks"
+            await emit(wire.error(cut.what, message))
+        # `truncate`: the stream ends here, without its final events.
+        return True
+
+
+async def _client_gone(gone: asyncio.Event, seconds: float) -> bool:
+    """Waits `seconds` (yielding at least once); whether the client went away meanwhile."""
+    if seconds <= 0:
+        await asyncio.sleep(0)
+    else:
+        with suppress(TimeoutError):
+            await asyncio.wait_for(gone.wait(), seconds)
+    return gone.is_set()
 
 
 def _logged(text: str) -> str:

@@ -20,6 +20,8 @@ from temporalio.worker import Worker
 
 from activities.adapters.base import AdapterRegistry
 from activities.job_activities import JobActivities
+from activities.output import OutputStreams
+from activities.prices import PriceTable
 from activities.retention import RetentionActivities
 from api.app import create_app
 from api.deps import Services
@@ -68,6 +70,15 @@ def build_worker(
         settings.backoff,
         report_running_after_s=settings.worker_report_running_after_s,
         org_max_running=settings.org_max_running,
+        streams=OutputStreams(
+            projection.projector.append_outputs,
+            projection.sessions,
+            flush_s=settings.output_flush_ms / 1000,
+            flush_chars=settings.output_flush_chars,
+            watch_s=settings.cancel_watch_s,
+        ),
+        prices=PriceTable.load(settings.prices_file),
+        metrics_org_labels=settings.metrics_org_labels,
     )
     return Worker(
         client,

@@ -172,6 +172,20 @@ class Settings(BaseSettings):
     """Output token limit of an `anthropic` job whose options set none (the API needs one)."""
     provider_timeout_s: float = Field(default=120.0, gt=0)
     """Limit of one provider call; keep it under attempt_timeout_s so it reads as `timeout`."""
+    output_flush_ms: float = Field(default=100.0, ge=0)
+    """A streaming job's text is written to the projection (a `job.output` event) at most
+    this often per job: the first text after a quiet spell at once, the rest in batches.
+    One transaction carries the batches of every job of the worker."""
+    output_flush_chars: int = Field(default=4096, ge=1)
+    """...or as soon as this many characters of one job are waiting, whichever comes first."""
+    cancel_watch_s: float = Field(default=0.25, gt=0)
+    """How often a worker reads the rows of the jobs it is calling providers for (one query
+    for all of them): a cancelled job's provider call is closed within this long of the
+    cancel reaching the row, without waiting for Temporal's heartbeat to deliver it."""
+    prices_file: Path | None = None
+    """Price table (TOML): US dollars per million input and output tokens, per model name or
+    pattern (docs/usage.md). An attempt on a model it does not price costs "unknown" (null),
+    never 0. Unset: only the `fake` provider's models are priced (at 0)."""
 
     # Observability (docs/operators.md).
     metrics_token: SecretStr | None = None

@@ -137,8 +137,8 @@ async def _truncate(projection: Projection) -> None:
     async with projection.engine.begin() as conn:
         await conn.execute(
             text(
-                "TRUNCATE api_keys, responses, job_events, jobs, prompts, workers, org_limits "
-                "RESTART IDENTITY CASCADE"
+                "TRUNCATE api_keys, responses, job_events, job_outputs, attempts, jobs, prompts, "
+                "workers, org_limits RESTART IDENTITY CASCADE"
             )
         )
 
@@ -300,6 +300,18 @@ class MockProviderServer:
     async def script(self, **script: Any) -> None:
         """Script the next requests, whatever their prompt (`fail=[503]`, `retry_after=2`…)."""
         (await self.http.post("/mock/script", json=script)).raise_for_status()
+
+    async def answer(self, prompt: str, directive: str = "") -> str:
+        """The mock's whole answer to `prompt`, asked for without a stream; `directive` (the
+        part after `mock:`) is the model's, so a directive in the prompt is not played."""
+        response = await self.http.post(
+            "/v1/chat/completions",
+            headers={"Authorization": "Bearer mock-key"},
+            json={"model": f"mock:{directive}", "messages": [{"role": "user", "content": prompt}]},
+        )
+        response.raise_for_status()
+        text: str = response.json()["choices"][0]["message"]["content"]
+        return text
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The `anthropic` provider: the Messages API through the official SDK, with its failures
-classified."""
+"""The `anthropic` provider: the Messages API streamed through the official SDK, with its
+failures classified."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ import anthropic
 from anthropic.types import MessageParam
 from pydantic import BaseModel, SecretStr, field_validator
 
-from activities.adapters.base import AdapterRequest
+from activities.adapters.base import AdapterRequest, StreamedOutput
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
+    StreamedAnswer,
     chat_result,
-    deadline,
-    read_answer,
+    event_stream,
+    read_event,
     status_failure,
+    stream_failure,
+    streamed_call,
     transport_failure,
 )
 from activities.errors import AdapterError
@@ -34,13 +37,36 @@ TRANSPORT_KINDS: tuple[tuple[type[Exception], ErrorKind], ...] = (
 
 
 def classify(err: anthropic.AnthropicError, provider: str = "anthropic") -> AdapterError:
-    """An SDK failure as an ErrorKind: by HTTP status when there is one, else by type. An
-    overloaded API (529) is a 5xx like any other."""
+    """An SDK failure as an ErrorKind: by HTTP status when there is one, by the error's type
+    for an `event: error` in the middle of a stream, else by type. An overloaded API (529) is
+    a 5xx like any other."""
     if isinstance(err, anthropic.APIStatusError):
         detail = err.api_message or err.message
+        if 200 <= err.status_code < 300:
+            # The SDK raises an `event: error` as a status error of the stream's own 200.
+            status = STREAM_ERRORS.get(err.type or "", 500)
+            return stream_failure(provider, status, err.type or "error", detail, err.request_id)
         headers = err.response.headers
         return status_failure(provider, err.status_code, headers, detail, err.request_id)
     return transport_failure(provider, err, TRANSPORT_KINDS)
+
+
+# An `event: error` in a stream, by its type: the HTTP status the same error has before a
+# stream starts (the API's error table). A type not here is the server's failure (500): it had
+# accepted the request.
+STREAM_ERRORS: dict[str, int] = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "billing_error": 402,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "conflict_error": 409,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
 
 
 class AnthropicOptions(ChatOptions):
@@ -56,24 +82,69 @@ class AnthropicOptions(ChatOptions):
         return value
 
 
-class _Block(BaseModel):
-    type: str
-    text: str | None = None
-
-
 class _Usage(BaseModel):
     input_tokens: int | None = None
     output_tokens: int | None = None
 
 
-class MessageAnswer(BaseModel):
-    """The fields of a Messages API answer we record."""
+class _Event(BaseModel):
+    type: str
 
+
+class _Message(BaseModel):
     id: str | None = None
     model: str | None = None
-    content: list[_Block]
-    stop_reason: str | None = None
     usage: _Usage | None = None
+
+
+class MessageStart(BaseModel):
+    message: _Message
+
+
+class _TextDelta(BaseModel):
+    type: str
+    text: str | None = None
+
+
+class BlockDelta(BaseModel):
+    delta: _TextDelta
+
+
+class _StopDelta(BaseModel):
+    stop_reason: str | None = None
+
+
+class MessageDelta(BaseModel):
+    delta: _StopDelta
+    usage: _Usage | None = None
+
+
+def read_stream_event(
+    provider: str, data: object, answer: StreamedAnswer, output: StreamedOutput
+) -> None:
+    """One event of the Messages stream. Events we do not record (a tool's or thinking's
+    blocks, events added later) pass unread."""
+    kind = read_event(provider, _Event, data, "stream event").type
+    if kind == "message_start":
+        message = read_event(provider, MessageStart, data, "message_start event").message
+        answer.model = message.model or answer.model
+        answer.answer_id = message.id
+        if message.usage is not None:
+            # Its output count is a placeholder; message_delta gives the real one.
+            output.usage(input_tokens=message.usage.input_tokens)
+    elif kind == "content_block_delta":
+        delta = read_event(provider, BlockDelta, data, "content_block_delta event").delta
+        if delta.type == "text_delta":
+            output.delta(delta.text or "")
+    elif kind == "message_delta":
+        event = read_event(provider, MessageDelta, data, "message_delta event")
+        answer.finish_reason = event.delta.stop_reason or answer.finish_reason
+        if event.usage is not None:
+            output.usage(
+                input_tokens=event.usage.input_tokens, output_tokens=event.usage.output_tokens
+            )
+    elif kind == "message_stop":
+        answer.finished = True
 
 
 class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
@@ -105,31 +176,38 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
             max_retries=0,
         )
 
-    async def complete(self, request: AdapterRequest) -> AttemptResult:
+    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
         options = self.options(request.options)
         messages: list[MessageParam] = [{"role": "user", "content": request.prompt}]
+        model = options.model or self.model
         client = self.client
+        answer = StreamedAnswer()
         started = time.monotonic()
         try:
-            async with deadline(self.name, self.timeout_s):
-                raw = await client.messages.with_raw_response.create(
-                    model=options.model or self.model,
+            async with (
+                streamed_call(self.name, self.timeout_s),
+                # Leaving the block closes the response, and with it the connection, however
+                # it is left: a failure, or the activity's cancellation.
+                client.messages.with_streaming_response.create(
+                    model=model,
                     max_tokens=options.max_tokens or self.max_tokens,
                     messages=messages,
                     system=options.system or anthropic.omit,
-                )
-                body = await raw.read()
+                    stream=True,
+                ) as raw,
+            ):
+                request_id = raw.headers.get("request-id")
+                event_stream(self.name, raw.headers)
+                async for data in await raw.parse(to=anthropic.AsyncStream[object]):
+                    read_stream_event(self.name, data, answer, output)
         except anthropic.AnthropicError as err:
             raise classify(err, self.name) from err
-        answer = read_answer(self.name, MessageAnswer, body, "Messages API answer")
-        usage = answer.usage or _Usage()
+        answer.check_finished(self.name, "message_stop event", output)
         return chat_result(
             provider=self.name,
-            text="".join(b.text or "" for b in answer.content if b.type == "text"),
-            model=answer.model or options.model or self.model,
-            request_id=raw.headers.get("request-id") or answer.id,
-            finish_reason=answer.stop_reason,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
+            output=output,
+            answer=answer,
+            model=model,
+            request_id=request_id,
             started=started,
         )

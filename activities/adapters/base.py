@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -20,6 +21,54 @@ class AdapterRequest:
     prompt: str
     attempt: int
     options: dict[str, Any] = field(default_factory=dict)
+
+
+class StreamedOutput:
+    """What an adapter hands upward while its call runs: each text delta as it arrives, and
+    the provider's token counts when it tells them (a stream's usage comes in its last
+    chunk; Anthropic's input tokens in its first). The attempt's writer
+    (activities/output.py) flushes the text to the projection in batches; a test reads it
+    here. An adapter's result text is `self.text`: exactly the concatenation streamed, so
+    the response a success stores is what clients watched grow."""
+
+    def __init__(self, on_delta: Callable[[], None] | None = None) -> None:
+        self._parts: list[str] = []
+        self.length = 0  # characters received
+        self.deltas = 0
+        self.first_delta_at: float | None = None  # time.monotonic()
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self._on_delta = on_delta
+
+    def delta(self, text: str) -> None:
+        """A piece of the answer, in order (an empty one is ignored)."""
+        if not text:
+            return
+        if self.first_delta_at is None:
+            self.first_delta_at = time.monotonic()
+        self._parts.append(text)
+        self.length += len(text)
+        self.deltas += 1
+        if self._on_delta is not None:
+            self._on_delta()
+
+    def usage(self, *, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
+        """The provider's own counts, as far as it has given them (None: not said)."""
+        if input_tokens is not None:
+            self.input_tokens = input_tokens
+        if output_tokens is not None:
+            self.output_tokens = output_tokens
+
+    @property
+    def text(self) -> str:
+        """Everything received so far."""
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    def since(self, offset: int) -> str:
+        """The text from character `offset` on."""
+        return self.text[offset:]
 
 
 class InvalidOptions(ValueError):
@@ -41,6 +90,8 @@ def parse_options(shape: type[M], value: object, where: str) -> M:
 
 class Adapter(Protocol):
     name: str
+    # The model of a job whose options name none.
+    model: str
 
     @property
     def configured(self) -> bool:
@@ -50,8 +101,11 @@ class Adapter(Protocol):
     def validate(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions if a job with these options could never run."""
 
-    async def complete(self, request: AdapterRequest) -> AttemptResult:
-        """Call the provider once; raise AdapterError on failure. Never retry here."""
+    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+        """Call the provider once, streaming: hand each text delta to `output` as it arrives
+        (and the provider's usage when it says it). Return the result, whose text is
+        `output.text`; raise AdapterError on failure, mid-stream too (what was streamed
+        stays in `output`). Never retry here."""
         ...
 
 
@@ -66,6 +120,11 @@ class AdapterRegistry:
 
     def provider_of(self, options: Mapping[str, Any]) -> str:
         return str(options.get("provider") or self.default)
+
+    def model_of(self, options: Mapping[str, Any]) -> str:
+        """The model a job asks for: its options' own, else its provider's default."""
+        adapter = self._adapters.get(self.provider_of(options))
+        return str(options.get("model") or (adapter.model if adapter else ""))
 
     def get(self, options: Mapping[str, Any]) -> Adapter:
         name = self.provider_of(options)

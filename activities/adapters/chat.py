@@ -1,19 +1,21 @@
 """What the HTTP chat adapters share: their job options, the HTTP status table, Retry-After
-hints, the call deadline and the reading of an answer."""
+hints, the call deadline and the reading of a streamed answer."""
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, SecretStr, ValidationError, field_validator
 
-from activities.adapters.base import InvalidOptions, parse_options
+from activities.adapters.base import InvalidOptions, StreamedOutput, parse_options
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.lifecycle import AttemptResult, ErrorKind
@@ -151,6 +153,18 @@ def transport_failure(
     return AdapterError(kind, f"{provider}: {why}")
 
 
+def stream_failure(
+    provider: str, status: int, name: str, detail: str, request_id: str | None
+) -> AdapterError:
+    """An error event in a stream the provider had accepted (200), as the error of the HTTP
+    `status` the same error has before a stream starts; no Retry-After comes with it."""
+    where = f" (request {request_id})" if request_id else ""
+    return AdapterError(
+        status_kind(status),
+        f"{provider}: {name} in the stream: {detail[:DETAIL_LIMIT]}{where}",
+    )
+
+
 @asynccontextmanager
 async def deadline(provider: str, timeout_s: float) -> AsyncIterator[None]:
     """The whole call's limit. The SDK's timeout bounds each read, not a slow trickle; and a
@@ -164,41 +178,89 @@ async def deadline(provider: str, timeout_s: float) -> AsyncIterator[None]:
         ) from err
 
 
-def read_answer(provider: str, shape: type[A], body: bytes, what: str) -> A:
-    """Validate the fields we record. The SDKs' own parsing is lenient by design (a non-JSON
-    body comes back as text, a JSON one is not validated), so a broken answer would surface as
-    an AttributeError far from its cause."""
-    try:
-        return shape.model_validate_json(body)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
+@asynccontextmanager
+async def streamed_call(provider: str, timeout_s: float) -> AsyncIterator[None]:
+    """A streamed call: its deadline, and an event whose data is not JSON (the SDKs decode
+    each event's data and let json's error through) as `parse`."""
+    async with deadline(provider, timeout_s):
+        try:
+            yield
+        except json.JSONDecodeError as err:
+            raise AdapterError(
+                ErrorKind.PARSE,
+                f"{provider}: a stream event is not JSON ({err.msg}); it starts {err.doc[:120]!r}",
+            ) from err
+        except UnicodeDecodeError as err:
+            raise AdapterError(ErrorKind.PARSE, f"{provider}: the stream is not UTF-8") from err
+
+
+def event_stream(provider: str, headers: Mapping[str, str]) -> None:
+    """Refuse an answer that is not Server-Sent Events (a proxy's page, a server that ignored
+    `stream`) as `parse`: read as events it would look like an empty, cut stream."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "text/event-stream":
         raise AdapterError(
             ErrorKind.PARSE,
-            f"{provider}: the answer is not a {what} ({where}: {first['msg']}); "
-            f"it starts {body[:120]!r}",
+            f"{provider}: the answer is not an event stream (content-type {media or 'none'})",
+        )
+
+
+def read_event(provider: str, shape: type[A], data: object, what: str) -> A:
+    """Validate the fields we read from one event. The SDKs are handed `object` as the event
+    type, so they decode the JSON and leave its shape to us: a broken event is `parse` here,
+    not an AttributeError far from its cause."""
+    try:
+        return shape.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "event"
+        raise AdapterError(
+            ErrorKind.PARSE,
+            f"{provider}: a stream event is not a {what} ({where}: {first['msg']}); "
+            f"it starts {json.dumps(data)[:120]!r}",
         ) from err
+
+
+@dataclass
+class StreamedAnswer:
+    """What a stream has told besides its text (that goes to the StreamedOutput)."""
+
+    model: str | None = None
+    answer_id: str | None = None
+    finish_reason: str | None = None
+    # Its last event came: a stream that ends without it was cut.
+    finished: bool = False
+
+    def check_finished(self, provider: str, last: str, output: StreamedOutput) -> None:
+        """A stream that ended cleanly but early (a proxy's timeout, a server that stopped) is
+        the provider's failure, retried as a 5xx; what came stays in `output`."""
+        if not self.finished:
+            raise AdapterError(
+                ErrorKind.PROVIDER_5XX,
+                f"{provider}: the stream ended before its {last} "
+                f"({output.deltas} text deltas received)",
+            )
 
 
 def chat_result(
     *,
     provider: str,
-    text: str,
+    output: StreamedOutput,
+    answer: StreamedAnswer,
     model: str,
     request_id: str | None,
-    finish_reason: str | None,
-    input_tokens: int | None,
-    output_tokens: int | None,
     started: float,
 ) -> AttemptResult:
-    """The result as the responses table holds it (its column widths)."""
+    """The result as the responses table holds it (its column widths). `model` is the one
+    asked for, kept when the stream names none."""
+    request_id = request_id or answer.answer_id
     return AttemptResult(
-        text=text,
+        text=output.text,
         provider=provider,
-        model=model[:128],
+        model=(answer.model or model)[:128],
         provider_request_id=request_id[:255] if request_id else None,
-        finish_reason=finish_reason[:64] if finish_reason else None,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
+        finish_reason=answer.finish_reason[:64] if answer.finish_reason else None,
+        input_tokens=output.input_tokens,
+        output_tokens=output.output_tokens,
         latency_ms=round((time.monotonic() - started) * 1000),
     )

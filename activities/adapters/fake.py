@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from activities.adapters.base import AdapterRequest, InvalidOptions, parse_options
+from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput, parse_options
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.lifecycle import AttemptResult, ErrorKind
@@ -18,11 +19,24 @@ def fake_output(prompt: str) -> str:
     return f"[fake:{digest}] {prompt}"
 
 
+def fake_chunks(text: str) -> list[str]:
+    """How the fake streams `text`: a word (with the space after it) a chunk."""
+    return re.findall(r"\s*\S+\s*", text) or [text]
+
+
+# Injected failures that a real provider can hit in the middle of a stream: the fake streams
+# the first half of its answer before failing with one of these (the rest fail up front).
+MID_STREAM = frozenset(
+    {ErrorKind.PROVIDER_5XX, ErrorKind.TIMEOUT, ErrorKind.UNKNOWN, ErrorKind.WORKER_CRASH}
+)
+
+
 class FakeAdapter:
     """Only where it is turned on (`PROMPTJOBS_FAKE_ADAPTER`): off, a job naming it is refused
     at submission, and a worker that has it off fails such a job (`provider_4xx`) unrun."""
 
     name = "fake"
+    model = "fake-1"
 
     def __init__(self, *, enabled: bool) -> None:
         self.enabled = enabled
@@ -43,29 +57,49 @@ class FakeAdapter:
     def _behaviour(options: Mapping[str, Any]) -> FakeOptions:
         return parse_options(PromptOptions, dict(options), "options").fake or FakeOptions()
 
-    async def complete(self, request: AdapterRequest) -> AttemptResult:
+    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+        """Streams the answer a word at a time over `latency_ms`; an injected failure comes
+        at the end of that time (after half the answer, for a failure that can cut a stream)."""
         self.validate(request.options)
         behaviour = self._behaviour(request.options)
-        if behaviour.latency_ms:
-            await asyncio.sleep(behaviour.latency_ms / 1000)
-        if request.attempt <= len(behaviour.fail):
-            kind = behaviour.fail[request.attempt - 1]
-            if kind is ErrorKind.STUCK:
+        text = fake_output(request.prompt)
+        chunks = fake_chunks(text)
+        pause_s = behaviour.latency_ms / 1000 / len(chunks)
+        failing = (
+            behaviour.fail[request.attempt - 1] if request.attempt <= len(behaviour.fail) else None
+        )
+        streamed = (
+            chunks
+            if failing is None
+            else chunks[: len(chunks) // 2]
+            if failing in MID_STREAM
+            else []
+        )
+        for chunk in streamed:
+            if pause_s:
+                await asyncio.sleep(pause_s)
+            output.delta(chunk)
+        # Counted, not a tokenizer's: a word stands for a token.
+        output.usage(input_tokens=len(request.prompt.split()), output_tokens=len(streamed))
+        if failing is not None:
+            if pause_s:
+                await asyncio.sleep(pause_s * (len(chunks) - len(streamed)))
+            if failing is ErrorKind.STUCK:
                 # A provider that never answers: only the hard ceiling or a cancel ends it.
                 await asyncio.Event().wait()
             raise AdapterError(
-                kind,
-                f"fake adapter: injected {kind.value} on attempt {request.attempt}",
-                retry_after_s=behaviour.retry_after_s if kind is ErrorKind.RATE_LIMIT else None,
+                failing,
+                f"fake adapter: injected {failing.value} on attempt {request.attempt}",
+                retry_after_s=behaviour.retry_after_s if failing is ErrorKind.RATE_LIMIT else None,
             )
-        text = fake_output(request.prompt)
         return AttemptResult(
-            text=text,
+            text=output.text,
             provider=self.name,
-            model=str(request.options.get("model") or "fake-1"),
+            model=str(request.options.get("model") or self.model),
             provider_request_id=None,
             finish_reason="stop",
-            input_tokens=len(request.prompt.split()),
-            output_tokens=len(text.split()),
+            input_tokens=output.input_tokens,
+            output_tokens=output.output_tokens,
             latency_ms=behaviour.latency_ms,
+            usage_estimated=True,
         )

@@ -1,5 +1,5 @@
 """The `openai` provider: chat completions on any OpenAI-compatible endpoint (OpenAI, vLLM,
-Ollama, LiteLLM, OpenRouter…) through the official SDK, with its failures classified."""
+Ollama, LiteLLM, OpenRouter…) streamed through the official SDK, with its failures classified."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field, SecretStr
 
-from activities.adapters.base import AdapterRequest
+from activities.adapters.base import AdapterRequest, StreamedOutput
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
+    StreamedAnswer,
     chat_result,
-    deadline,
-    read_answer,
+    event_stream,
+    read_event,
     status_failure,
+    stream_failure,
+    streamed_call,
     transport_failure,
 )
 from activities.errors import AdapterError
@@ -33,8 +36,25 @@ TRANSPORT_KINDS: tuple[tuple[type[openai.OpenAIError], ErrorKind], ...] = (
 )
 
 
-def classify(err: openai.OpenAIError, provider: str = "openai") -> AdapterError:
-    """An SDK failure as an ErrorKind: by HTTP status when there is one, else by type."""
+# An error event in a stream (`data: {"error": {...}}`), by its `code`, else its `type`: the
+# HTTP status the same error has before a stream starts. What is not here is the server's
+# failure (500): it had accepted the request.
+STREAM_ERRORS: dict[str, int] = {
+    "invalid_request_error": 400,
+    "invalid_api_key": 401,
+    # A 429 that waiting will not cure, as classify() treats it before a stream.
+    "insufficient_quota": 402,
+    "rate_limit_exceeded": 429,
+    "server_error": 500,
+}
+
+
+def classify(
+    err: openai.OpenAIError, provider: str = "openai", request_id: str | None = None
+) -> AdapterError:
+    """An SDK failure as an ErrorKind: by HTTP status when there is one, by the error event's
+    code or type for a failure in the middle of a stream, else by type. `request_id`: the
+    stream's, for an error that arrives in it."""
     if isinstance(err, openai.APIStatusError):
         body = err.body if isinstance(err.body, dict) else {}
         detail = str(body.get("message") or err.message)
@@ -46,16 +66,23 @@ def classify(err: openai.OpenAIError, provider: str = "openai") -> AdapterError:
             )
         headers = err.response.headers
         return status_failure(provider, err.status_code, headers, detail, err.request_id)
+    if type(err) is openai.APIError:
+        # The SDK raises the bare APIError for an `{"error": ...}` event in a stream.
+        body = err.body if isinstance(err.body, dict) else {}
+        code, kind = str(body.get("code") or ""), str(body.get("type") or "")
+        status = STREAM_ERRORS.get(code) or STREAM_ERRORS.get(kind) or 500
+        return stream_failure(provider, status, code or kind or "error", err.message, request_id)
     return transport_failure(provider, err, TRANSPORT_KINDS)
 
 
-class _Message(BaseModel):
+class _Delta(BaseModel):
     content: str | None = None
     refusal: str | None = None
 
 
 class _Choice(BaseModel):
-    message: _Message
+    index: int = 0
+    delta: _Delta | None = None
     finish_reason: str | None = None
 
 
@@ -64,13 +91,34 @@ class _Usage(BaseModel):
     completion_tokens: int | None = None
 
 
-class ChatCompletionAnswer(BaseModel):
-    """The fields of a chat completion we record; compatible servers differ in the rest."""
+class ChatCompletionChunk(BaseModel):
+    """The fields of a streamed chunk we read; compatible servers differ in the rest. The usage
+    chunk has no choices."""
 
     id: str | None = None
     model: str | None = None
-    choices: list[_Choice] = Field(min_length=1)
+    choices: list[_Choice] = Field(default_factory=list)
     usage: _Usage | None = None
+
+
+def read_chunk(chunk: ChatCompletionChunk, answer: StreamedAnswer, output: StreamedOutput) -> None:
+    answer.model = chunk.model or answer.model
+    answer.answer_id = answer.answer_id or chunk.id
+    for choice in chunk.choices:
+        # One completion is asked for (n=1): its choice is index 0.
+        if choice.index != 0:
+            continue
+        if choice.delta is not None:
+            output.delta(choice.delta.content or "")
+            output.delta(choice.delta.refusal or "")
+        if choice.finish_reason:
+            answer.finish_reason = choice.finish_reason
+            # The last choice chunk; the usage chunk may follow, but the answer is whole.
+            answer.finished = True
+    if chunk.usage is not None:
+        output.usage(
+            input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens
+        )
 
 
 class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
@@ -104,7 +152,7 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
             max_retries=0,
         )
 
-    async def complete(self, request: AdapterRequest) -> AttemptResult:
+    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
         options = self.options(request.options)
         messages: list[ChatCompletionMessageParam] = []
         if options.system:
@@ -112,31 +160,43 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
         messages.append({"role": "user", "content": request.prompt})
         max_tokens = options.max_tokens or self.max_tokens
         limit = openai.omit if max_tokens is None else max_tokens
+        model = options.model or self.model
         client = self.client
+        answer = StreamedAnswer()
+        request_id: str | None = None
         started = time.monotonic()
         try:
-            async with deadline(self.name, self.timeout_s):
-                raw = await client.chat.completions.with_raw_response.create(
-                    model=options.model or self.model,
+            async with (
+                streamed_call(self.name, self.timeout_s),
+                # Leaving the block closes the response, and with it the connection, however
+                # it is left: a failure, or the activity's cancellation.
+                client.chat.completions.with_streaming_response.create(
+                    model=model,
                     messages=messages,
                     temperature=openai.omit if options.temperature is None else options.temperature,
                     max_tokens=limit if self.max_tokens_field == "max_tokens" else openai.omit,
                     max_completion_tokens=limit
                     if self.max_tokens_field == "max_completion_tokens"
                     else openai.omit,
-                )
+                    stream=True,
+                    stream_options={"include_usage": True},
+                ) as raw,
+            ):
+                request_id = raw.headers.get("x-request-id")
+                event_stream(self.name, raw.headers)
+                async for data in await raw.parse(to=openai.AsyncStream[object]):
+                    chunk = read_event(
+                        self.name, ChatCompletionChunk, data, "chat completion chunk"
+                    )
+                    read_chunk(chunk, answer, output)
         except openai.OpenAIError as err:
-            raise classify(err, self.name) from err
-        answer = read_answer(self.name, ChatCompletionAnswer, raw.content, "chat completion")
-        choice = answer.choices[0]
-        usage = answer.usage or _Usage()
+            raise classify(err, self.name, request_id) from err
+        answer.check_finished(self.name, "last choice chunk (finish_reason)", output)
         return chat_result(
             provider=self.name,
-            text=choice.message.content or choice.message.refusal or "",
-            model=answer.model or options.model or self.model,
-            request_id=raw.headers.get("x-request-id") or answer.id,
-            finish_reason=choice.finish_reason,
-            input_tokens=usage.prompt_tokens,
-            output_tokens=usage.completion_tokens,
+            output=output,
+            answer=answer,
+            model=model,
+            request_id=request_id,
             started=started,
         )

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 
 from api.deps import Caller, JsonBody, ServicesDep
 from api.problems import problem_responses
-from api.schemas import JobList, JobOut, RetryJob
+from api.schemas import AttemptList, AttemptOut, JobList, JobOut, OutputOut, RetryJob
 from projections.lifecycle import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -42,6 +42,42 @@ async def list_jobs(
 @router.get("/{job_id}", response_model=JobOut, responses=problem_responses(401, 404))
 async def read_job(job_id: str, caller: Caller, services: ServicesDep) -> JobOut:
     return JobOut.of(await services.store.job(caller, job_id))
+
+
+@router.get(
+    "/{job_id}/output", response_model=OutputOut, responses=problem_responses(401, 404, 422)
+)
+async def read_output(
+    job_id: str,
+    caller: Caller,
+    services: ServicesDep,
+    since: Annotated[
+        int,
+        Query(ge=0, le=2**31, description="Characters of the attempt's text you already have"),
+    ] = 0,
+) -> OutputOut:
+    """The text the job's current attempt has streamed so far, from `since` on: the polling
+    fallback of the `job.output` events. If `attempt` is not the one your text is of, a new
+    attempt started over: drop your text and use this one from offset 0. `done` is true once
+    nothing more will come; a succeeded job's whole output is its response's text."""
+    found = await services.store.output(caller, job_id, since)
+    return OutputOut(
+        job_id=found.job.job_id,
+        attempt=found.attempt,
+        offset=found.offset,
+        text=found.text,
+        done=found.done,
+    )
+
+
+@router.get("/{job_id}/attempts", response_model=AttemptList, responses=problem_responses(401, 404))
+async def list_attempts(job_id: str, caller: Caller, services: ServicesDep) -> AttemptList:
+    """Each attempt that has ended, oldest first: its outcome, provider and model, tokens
+    (the provider's, or ours where it gave none: `usage_estimated`), cost, time to first
+    token and duration. The job row carries the sums. An attempt whose worker died records
+    nothing."""
+    job, attempts = await services.store.attempts(caller, job_id)
+    return AttemptList(job_id=job.job_id, attempts=[AttemptOut.model_validate(a) for a in attempts])
 
 
 @router.post(

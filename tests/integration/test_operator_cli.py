@@ -16,6 +16,9 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner, Result
 
+from activities.adapters.fake import fake_output
+from projections.lifecycle import EventType
+from projections.scope import Scope
 from promptjobs.cli import app
 from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
 
@@ -197,9 +200,25 @@ async def test_metrics_per_org(sqlite_stack: Stack) -> None:
     only = (await cli_json(stack, "jobs", "metrics", "--org", "globex"))["orgs"]
     assert {m["org"] for m in only} == {"globex", "*"}
 
+    # Tokens and cost per org and model: every attempt counts, the failed one too.
+    usage = (await cli_json(stack, "jobs", "metrics"))["usage"]
+    by = {(u["org"], u["model"]): u for u in usage}
+    assert set(by) == {("acme", "fake-1"), ("acme", "*"), ("globex", "fake-1"), ("globex", "*")}
+    acme = by[("acme", "fake-1")]
+    assert (acme["attempts"], acme["input_tokens"], acme["cost_usd"], acme["unpriced"]) == (
+        3,
+        3,
+        0.0,
+        0,
+    )
+    assert acme["output_tokens"] == 3 * len(fake_output("p0").split())
+    assert by[("globex", "*")]["attempts"] == 1
+    assert by[("globex", "fake-1")]["output_tokens"] == 0  # refused before any text
+
     human = (await cli(stack, "jobs", "metrics")).output
     assert "rate_limit" in human and "wait p50" in human and "globex" in human
     assert "wait mean" in human and "error rate" in human and "100.0%" in human
+    assert "usage by model" in human and "fake-1" in human
 
 
 async def test_archive_removes_old_settled_jobs_and_their_orphaned_prompts(
@@ -219,11 +238,17 @@ async def test_archive_removes_old_settled_jobs_and_their_orphaned_prompts(
     dry = await cli_json(stack, "jobs", "archive", "--before", cutoff, "--dry-run")
     # done (+prompt, +response), retried and its replacement (+prompt, +2 responses).
     assert (dry["jobs"], dry["prompts"], dry["responses"], dry["dry_run"]) == (3, 2, 3, True)
-    assert dry["events"] == 3 + 4 + 3  # queued/running/succeeded, plus superseded
+    # Every event of the three: their transitions and the text they streamed.
+    logged = [
+        await stack.projection.store.job_events(Scope.operator(), job_id, kinds=tuple(EventType))
+        for job_id in (done, retried, replacement)
+    ]
+    assert [sum(e.type == EventType.STATE_CHANGED for e in log) for log in logged] == [3, 4, 3]
+    assert dry["events"] == sum(len(log) for log in logged)
     assert (await stack.job(done))["state"] == "succeeded"
 
     human = (await cli(stack, "jobs", "archive", "--before", cutoff)).output
-    assert human.startswith("removed 3 jobs, 10 events, 2 prompts and 3 responses")
+    assert human.startswith(f"removed 3 jobs, {dry['events']} events, 2 prompts and 3 responses")
     for gone in (done, retried, replacement):
         assert (await stack.http.get(f"/v1/jobs/{gone}")).status_code == 404
     assert (await stack.http.get(f"/v1/responses/{finished['response_id']}")).status_code == 404

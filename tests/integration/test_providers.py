@@ -15,7 +15,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from activities.adapters.base import AdapterRequest
+from activities.adapters.base import AdapterRequest, StreamedOutput
 from projections.models import JobEvent
 from projections.scope import Scope
 from projections.writes import Submission
@@ -189,8 +189,15 @@ async def test_response_records_what_the_provider_answered(
     assert answer["provider_request_id"].startswith("req_mock_")
     assert answer["finish_reason"] == ("stop" if provider == "openai" else "end_turn")
     # The mock counts words: the prompt's and the system's in, its reply's out.
-    assert answer["usage"] == {"input_tokens": 7, "output_tokens": 6}
-    assert answer["latency_ms"] >= 0
+    # The provider's own counts (from its stream); the model has no price: cost unknown.
+    assert answer["usage"] == {
+        "input_tokens": 7,
+        "output_tokens": 6,
+        "usage_estimated": False,
+        "cost_usd": None,
+    }
+    assert 0 <= answer["first_token_ms"] <= answer["latency_ms"]
+    assert (job["input_tokens"], job["output_tokens"], job["cost_usd"]) == (7, 6, None)
 
     [seen] = await mock_provider.requests(prompt)
     assert (seen["system"], seen["max_tokens"], seen["temperature"]) == (
@@ -307,7 +314,9 @@ async def test_mock_provider_command_serves_until_terminated(tmp_path: Path) -> 
             tmp_path, openai_base_url=f"{url}/v1", openai_api_key="mock", provider_timeout_s=5
         )
         adapter = build_adapters(settings).get({"provider": "openai"})
-        result = await adapter.complete(AdapterRequest("job_cli", "pmt_cli", "ping", 1))
+        result = await adapter.complete(
+            AdapterRequest("job_cli", "pmt_cli", "ping", 1), StreamedOutput()
+        )
         assert result.text.endswith(" ping")
     finally:
         process.terminate()

@@ -3,8 +3,11 @@ item 15): a long soak against it must not grow the process without end."""
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from promptjobs import mock_provider
-from promptjobs.mock_provider import ChatCall, MockProvider
+from promptjobs.mock_provider import ChatCall, MockProvider, Script
 
 
 def call(prompt: str) -> ChatCall:
@@ -26,3 +29,10 @@ def test_requests_per_prompt_are_counted_and_the_oldest_keys_forgotten(monkeypat
 def test_the_key_of_a_long_prompt_is_short() -> None:
     assert len(call("x" * 100_000).key) == 32
     assert call("a").key != call("b").key
+
+
+def test_a_script_cannot_ask_for_an_unbounded_answer() -> None:
+    # A streamed answer is made a chunk at a time, but its words are held whole.
+    assert Script.parse("chunks=100000;chunk_ms=100").chunks == 100_000
+    with pytest.raises(ValidationError, match="chunks"):
+        Script.parse("chunks=100001")

@@ -11,8 +11,9 @@ import openai
 import pytest
 
 from activities.adapters import anthropic_messages, openai_compat
-from activities.adapters.base import InvalidOptions
-from activities.adapters.chat import retry_after_s, status_kind
+from activities.adapters.base import InvalidOptions, StreamedOutput
+from activities.adapters.chat import StreamedAnswer, read_event, retry_after_s, status_kind
+from activities.errors import AdapterError
 from projections.lifecycle import ErrorKind
 from promptjobs.runtime import build_adapters
 from promptjobs.settings import Settings
@@ -127,6 +128,103 @@ def test_anthropic_overloaded_is_a_5xx_with_the_api_message() -> None:
     )
     assert failure.kind is ErrorKind.PROVIDER_5XX
     assert failure.message == "anthropic: HTTP 529: Overloaded (request req_7)"
+
+
+# An error event in the middle of a stream that began 200, and the kind it is: as the same
+# error would be before the stream, and the server's failure when the stream does not say.
+OPENAI_STREAM_ERRORS = [
+    ({"message": "boom", "type": "server_error", "param": None, "code": None}, "provider_5xx"),
+    ({"message": "slow", "type": "requests", "code": "rate_limit_exceeded"}, "rate_limit"),
+    ({"message": "credit", "type": "insufficient_quota", "code": "insufficient_quota"},
+     "provider_4xx"),
+    ({"message": "bad", "type": "invalid_request_error", "code": None}, "provider_4xx"),
+    ({"message": "what?", "type": "something_new"}, "provider_5xx"),
+    ({"message": "?"}, "provider_5xx"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "kind"), OPENAI_STREAM_ERRORS)
+def test_openai_error_event_in_a_stream_is_classified_by_code_or_type(
+    body: dict[str, Any], kind: str
+) -> None:
+    # What the SDK raises for a `data: {"error": {...}}` line.
+    err = openai.APIError(body["message"], _response(200).request, body=body)
+    failure = openai_compat.classify(err, request_id="req_5")
+    assert failure.kind is ErrorKind(kind)
+    assert failure.retry_after_s is None
+    assert failure.message.startswith("openai: ")
+    assert failure.message.endswith(f" in the stream: {body['message']} (request req_5)")
+
+
+@pytest.mark.parametrize(
+    ("error_type", "kind"),
+    [
+        ("overloaded_error", "provider_5xx"),
+        ("api_error", "provider_5xx"),
+        ("timeout_error", "provider_5xx"),
+        ("rate_limit_error", "rate_limit"),
+        ("invalid_request_error", "provider_4xx"),
+        ("authentication_error", "auth"),
+        ("something_new", "provider_5xx"),
+    ],
+)
+def test_anthropic_error_event_in_a_stream_is_classified_by_type(
+    error_type: str, kind: str
+) -> None:
+    body = {"type": "error", "error": {"type": error_type, "message": "Overloaded"}}
+    response = _response(200, {"request-id": "req_8"})
+    # What the SDK raises for an `event: error` in a 200 stream.
+    err = anthropic.APIStatusError("stream error", response=response, body=body)
+    failure = anthropic_messages.classify(err)
+    assert failure.kind is ErrorKind(kind)
+    assert failure.message == f"anthropic: {error_type} in the stream: Overloaded (request req_8)"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [1, 2],
+        "text",
+        {"choices": "none"},
+        {"choices": [{"index": 0, "delta": "hi"}]},
+        {"choices": [{"delta": {"content": 7}}]},
+        {"usage": {"completion_tokens": "many"}},
+    ],
+)
+def test_openai_chunk_of_the_wrong_shape_is_a_parse_failure(data: object) -> None:
+    with pytest.raises(AdapterError) as caught:
+        read_event("openai", openai_compat.ChatCompletionChunk, data, "chat completion chunk")
+    assert caught.value.kind is ErrorKind.PARSE
+    assert "a stream event is not a chat completion chunk" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [1, 2],
+        {"text": "no type"},
+        {"type": "message_start"},
+        {"type": "content_block_delta", "delta": {"text": "no type"}},
+        {"type": "message_delta", "delta": None},
+    ],
+)
+def test_anthropic_event_of_the_wrong_shape_is_a_parse_failure(data: object) -> None:
+    with pytest.raises(AdapterError) as caught:
+        anthropic_messages.read_stream_event("anthropic", data, StreamedAnswer(), StreamedOutput())
+    assert caught.value.kind is ErrorKind.PARSE
+    assert caught.value.message.startswith("anthropic: a stream event is not a")
+
+
+def test_events_a_stream_may_add_later_are_passed_over() -> None:
+    output, answer = StreamedOutput(), StreamedAnswer()
+    for data in [
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use"}},
+        {"type": "content_block_delta", "delta": {"type": "input_json_delta", "partial_json": "{"}},
+        {"type": "something_new", "delta": 3},
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}},
+    ]:
+        anthropic_messages.read_stream_event("anthropic", data, answer, output)
+    assert (output.text, answer.finished) == ("hi", False)
 
 
 def _registry(**values: Any) -> Any:

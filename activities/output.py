@@ -1,0 +1,206 @@
+"""A worker's streaming attempts: their text goes to the projection in batches, and their job
+rows are watched so that a cancelled job's provider call is closed at once.
+
+Writes are bounded whatever the token rate: a job's text is written at most once per
+`flush_s` (the first text after a quiet spell at once, so the first token shows without
+waiting) or when `flush_chars` are waiting, and every due job of the worker shares one
+transaction. The watch reads the rows of every attempt in flight in one query per
+`watch_s`: a row that is no longer this attempt's running one (cancelled, settled, or taken
+over by a later attempt), or that has a cancel request, stops the call; Temporal's own
+cancellation arrives later, on a heartbeat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from activities.adapters.base import StreamedOutput
+from activities.outages import through_outages
+from projections.lifecycle import JobState
+from projections.models import Job
+from projections.streams import OutputBatch, OutputWritten
+
+log = logging.getLogger("promptjobs.worker")
+
+# Job ids per watch query (an IN list of this many at most).
+WATCH_CHUNK = 500
+
+AppendOutputs = Callable[[list[OutputBatch]], Awaitable[list[OutputWritten]]]
+
+
+@dataclass(eq=False)
+class AttemptStream:
+    """One attempt's output as it streams, and how much of it is in the projection."""
+
+    job_id: str
+    attempt: int
+    on_stop: Callable[[str], None]
+    output: StreamedOutput = field(init=False)
+    flushed: int = 0
+    last_flush_at: float = float("-inf")
+    # Why the call was stopped (the row's word), once it was.
+    stopped: str | None = None
+    # Text arrived since the last flush and the flusher knows it.
+    armed: bool = False
+
+    @property
+    def pending(self) -> int:
+        return self.output.length - self.flushed
+
+    def stop(self, why: str) -> None:
+        if self.stopped is None:
+            self.stopped = why
+            self.on_stop(why)
+
+
+class OutputStreams:
+    """The worker's one flusher and one watch, shared by its attempts."""
+
+    def __init__(
+        self,
+        append: AppendOutputs,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        flush_s: float = 0.1,
+        flush_chars: int = 4096,
+        watch_s: float = 0.25,
+    ) -> None:
+        self._append = append
+        self._sessions = sessions
+        self.flush_s = flush_s
+        self.flush_chars = flush_chars
+        self.watch_s = watch_s
+        self._streams: set[AttemptStream] = set()
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
+        # Held while a batch is being written, so `close` never races a flush of its stream.
+        self._writing = asyncio.Lock()
+        self.writes = 0  # transactions written (the benchmark reads it)
+
+    def open(self, job_id: str, attempt: int, on_stop: Callable[[str], None]) -> AttemptStream:
+        stream = AttemptStream(job_id, attempt, on_stop)
+        stream.output = StreamedOutput(on_delta=lambda: self._delta(stream))
+        self._streams.add(stream)
+        # Each loop runs in a context of its own: not the activity's that happened to start it
+        # (whose info, heartbeats and cancellation are that attempt's alone).
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(
+                self._flush_loop(), name="output-flusher", context=contextvars.Context()
+            )
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.create_task(
+                self._watch_loop(), name="cancel-watch", context=contextvars.Context()
+            )
+        return stream
+
+    async def close(self, stream: AttemptStream) -> OutputBatch | None:
+        """The attempt is over: stop flushing it, and hand back what is not written yet (the
+        caller writes it with the attempt's end, in the same transaction)."""
+        async with self._writing:
+            self._streams.discard(stream)
+        if stream.pending <= 0:
+            return None
+        return OutputBatch(
+            stream.job_id, stream.attempt, stream.flushed, stream.output.since(stream.flushed)
+        )
+
+    def _delta(self, stream: AttemptStream) -> None:
+        # One wake per stream per flush (the flusher then knows when it is due), and one more
+        # if enough text is waiting: not one per token.
+        if not stream.armed or stream.pending >= self.flush_chars:
+            stream.armed = True
+            self._wake.set()
+
+    # -- the flusher ----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while self._streams:
+            self._wake.clear()  # before looking: a delta from now on wakes the wait below
+            now = time.monotonic()
+            due = [s for s in self._streams if s.pending > 0 and self._is_due(s, now)]
+            if due:
+                await self._write(due)
+                continue
+            waiting = [s.last_flush_at + self.flush_s - now for s in self._streams if s.pending]
+            try:
+                timeout = max(0.0, min(waiting)) if waiting else self.flush_s
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    def _is_due(self, stream: AttemptStream, now: float) -> bool:
+        return stream.pending >= self.flush_chars or now - stream.last_flush_at >= self.flush_s
+
+    async def _write(self, due: list[AttemptStream]) -> None:
+        async with self._writing:
+            due = [s for s in due if s in self._streams]
+            batches = [
+                OutputBatch(s.job_id, s.attempt, s.flushed, s.output.since(s.flushed)) for s in due
+            ]
+            if not batches:
+                return
+            started = time.monotonic()
+            try:
+                written = await through_outages(
+                    "write output", lambda: self._append(batches), logger=log
+                )
+            except Exception as err:
+                # Kept in memory: the next flush (or the attempt's end) writes it.
+                log.warning("could not write streamed output of %d job(s): %s", len(due), err)
+                await asyncio.sleep(self.flush_s)
+                return
+            self.writes += 1
+            for stream, batch, result in zip(due, batches, written, strict=True):
+                stream.flushed = batch.offset + len(batch.text)
+                stream.last_flush_at = started
+                stream.armed = stream.pending > 0
+                if not result.running:
+                    stream.stop("the job is no longer running this attempt")
+
+    # -- the watch ------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while self._streams:
+            await asyncio.sleep(self.watch_s)
+            streams = [s for s in self._streams if s.stopped is None]
+            if not streams:
+                continue
+            try:
+                rows = await self._rows(s.job_id for s in streams)
+            except (SQLAlchemyError, OSError) as err:
+                log.warning("cannot watch the rows of running jobs: %s", err)
+                continue
+            for stream in streams:
+                row = rows.get(stream.job_id)
+                if row is None:
+                    continue
+                state, attempt, cancel_requested = row
+                if cancel_requested:
+                    stream.stop("a cancel was requested")
+                elif state is not JobState.RUNNING or attempt != stream.attempt:
+                    stream.stop(f"the job is {state.value} at attempt {attempt}")
+
+    async def _rows(self, job_ids: Iterable[str]) -> dict[str, tuple[JobState, int, bool]]:
+        ids = list(job_ids)
+        found: dict[str, tuple[JobState, int, bool]] = {}
+        async with self._sessions() as session:
+            for start in range(0, len(ids), WATCH_CHUNK):
+                chunk = ids[start : start + WATCH_CHUNK]
+                rows = await session.execute(
+                    select(Job.job_id, Job.state, Job.attempt, Job.cancel_requested_at).where(
+                        Job.job_id.in_(chunk)
+                    )
+                )
+                for job_id, state, attempt, cancel_at in rows.all():
+                    found[job_id] = (state, attempt, cancel_at is not None)
+        return found

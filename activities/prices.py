@@ -1,0 +1,95 @@
+"""The price table: what a model's tokens cost, read from the operator's TOML file, and the
+cost of one attempt by it. A model the table does not price costs None (unknown), never 0."""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Priced without a file: the fake provider's models cost nothing, since nothing is called.
+BUILT_IN = {"fake*": (0.0, 0.0)}
+
+
+class InvalidPrices(ValueError):
+    """The price file cannot be read; the message names the file and what to fix."""
+
+
+class _Price(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input: float = Field(ge=0, allow_inf_nan=False, description="USD per million input tokens")
+    output: float = Field(ge=0, allow_inf_nan=False, description="USD per million output tokens")
+
+
+class _PriceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: dict[str, _Price] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Price:
+    input_per_mtok: float
+    output_per_mtok: float
+
+
+class PriceTable:
+    """Prices by model name: an exact name wins, else the longest matching pattern
+    (`gpt-4o*` prices `gpt-4o-2024-08-06`, the dated name a provider answers with)."""
+
+    def __init__(self, prices: Mapping[str, Price]) -> None:
+        self._exact = {name: price for name, price in prices.items() if not _is_pattern(name)}
+        self._patterns = sorted(
+            ((name, price) for name, price in prices.items() if _is_pattern(name)),
+            key=lambda item: -len(item[0]),
+        )
+
+    @classmethod
+    def load(cls, path: Path | None) -> PriceTable:
+        prices = {name: Price(*per_mtok) for name, per_mtok in BUILT_IN.items()}
+        if path is not None:
+            prices.update(read_price_file(path))
+        return cls(prices)
+
+    def price_of(self, model: str) -> Price | None:
+        found = self._exact.get(model)
+        if found is not None:
+            return found
+        return next((p for name, p in self._patterns if fnmatch.fnmatchcase(model, name)), None)
+
+    def cost(self, model: str, input_tokens: int | None, output_tokens: int | None) -> float | None:
+        """US dollars, or None when the model has no price or a token count is unknown."""
+        price = self.price_of(model)
+        if price is None or input_tokens is None or output_tokens is None:
+            return None
+        cost = (input_tokens * price.input_per_mtok + output_tokens * price.output_per_mtok) / 1e6
+        return round(cost, 9) if math.isfinite(cost) else None
+
+
+def read_price_file(path: Path) -> dict[str, Price]:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InvalidPrices(f"cannot read the price file {path}: {err.strerror}") from err
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise InvalidPrices(f"the price file {path} is not TOML: {err}") from err
+    try:
+        parsed = _PriceFile.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidPrices(
+            f'the price file {path}: {where}: {first["msg"]} (expected [models."NAME"] '
+            "tables with `input` and `output` in USD per million tokens)"
+        ) from err
+    return {name: Price(price.input, price.output) for name, price in parsed.models.items()}
+
+
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")

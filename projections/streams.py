@@ -1,0 +1,223 @@
+"""The projection's writes of what an attempt streamed and consumed: batches of output text
+(each one a `job.output` event), the reset when a new attempt starts, and the attempt's usage
+record with the job's sums. Plain functions of a `WriteTx`, like the projector's transitions,
+and as idempotent: the offset of a batch and the (job, attempt) of a usage record make a
+repeated write a no-op."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, case, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from projections.db import WriteTx
+from projections.event_log import log_event, prepared
+from projections.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
+from projections.models import Attempt, Base, Job, JobOutput
+from projections.rows import job_row
+
+JOBS = Base.metadata.tables[Job.__tablename__]
+OUTPUTS = Base.metadata.tables[JobOutput.__tablename__]
+ATTEMPTS = Base.metadata.tables[Attempt.__tablename__]
+
+
+@dataclass(frozen=True)
+class OutputBatch:
+    """Text attempt `attempt` streamed, from character `offset` of its output on."""
+
+    job_id: str
+    attempt: int
+    offset: int
+    text: str
+
+
+@dataclass(frozen=True)
+class OutputWritten:
+    """Whether the batch landed (a repeat or a stale attempt's does not), and whether the
+    attempt is still the job's running one: False tells its worker to stop the call."""
+
+    applied: bool
+    running: bool
+
+
+@dataclass(frozen=True)
+class AttemptUsage:
+    """One attempt's record: how it ended and what it consumed (the `attempts` row)."""
+
+    job_id: str
+    attempt: int
+    org: str
+    outcome: str  # succeeded, cancelled or an error kind
+    provider: str
+    model: str
+    input_tokens: int | None
+    output_tokens: int | None
+    usage_estimated: bool
+    cost_usd: float | None
+    output_chars: int
+    first_token_ms: int | None
+    duration_ms: int
+    started_at: datetime
+    ended_at: datetime
+
+
+def append_output(tx: WriteTx, batch: OutputBatch, now: datetime) -> OutputWritten:
+    """Append `batch` to the job's output if it is the next text of the job's current
+    attempt, and log it. The job row is read (and on PostgreSQL share-locked, so no
+    transition commits between the check and the append) for the event's org and author."""
+    stmt = select(JOBS.c.state, JOBS.c.attempt, JOBS.c.prompt_id, JOBS.c.org, JOBS.c.author)
+    stmt = stmt.where(JOBS.c.job_id == batch.job_id)
+    job = tx.execute(stmt.with_for_update(read=True) if tx.postgresql else stmt).first()
+    if job is None:
+        return OutputWritten(False, False)
+    running = job.state is JobState.RUNNING and job.attempt == batch.attempt
+    if job.attempt != batch.attempt or job.state not in OUTPUT_STATES or not batch.text:
+        return OutputWritten(False, running)
+    have = tx.execute(
+        select(OUTPUTS.c.attempt, OUTPUTS.c.length).where(OUTPUTS.c.job_id == batch.job_id)
+    ).first()
+    grown = len(batch.text)
+    if have is None and batch.offset == 0:
+        tx.execute(
+            insert(OUTPUTS).values(
+                job_id=batch.job_id,
+                attempt=batch.attempt,
+                text=batch.text,
+                length=grown,
+                updated_at=now,
+            )
+        )
+    elif have is not None and have.attempt < batch.attempt and batch.offset == 0:
+        # An earlier attempt's text that streamed nothing more (no reset was due).
+        tx.execute(
+            update(OUTPUTS)
+            .where(OUTPUTS.c.job_id == batch.job_id)
+            .values(attempt=batch.attempt, text=batch.text, length=grown, updated_at=now)
+        )
+    elif have is not None and have.attempt == batch.attempt and have.length == batch.offset:
+        statement = prepared(tx, ("append_output",), _append_statement)
+        statement.run(tx, {"job_id": batch.job_id, "text": batch.text, "grown": grown, "now": now})
+    else:
+        # Already there (a write repeated after its commit went unacknowledged), or not
+        # the next text: the log never holds a batch twice or out of place.
+        return OutputWritten(False, running)
+    log_event(
+        tx,
+        EventType.OUTPUT,
+        job_id=batch.job_id,
+        prompt_id=job.prompt_id,
+        org=job.org,
+        author=job.author,
+        state=job.state,
+        data={
+            "job_id": batch.job_id,
+            "attempt": batch.attempt,
+            "offset": batch.offset,
+            "text": batch.text,
+        },
+        now=now,
+    )
+    return OutputWritten(True, running)
+
+
+def _append_statement() -> Any:
+    return (
+        update(OUTPUTS)
+        .where(OUTPUTS.c.job_id == bindparam("job_id"))
+        .values(
+            text=OUTPUTS.c.text + bindparam("text", type_=OUTPUTS.c.text.type),
+            length=OUTPUTS.c.length + bindparam("grown", type_=OUTPUTS.c.length.type),
+            updated_at=bindparam("now", type_=OUTPUTS.c.updated_at.type),
+        )
+    )
+
+
+def reset_output(tx: WriteTx, job: Job, now: datetime) -> None:
+    """Attempt `job.attempt` has just started: if an earlier attempt streamed text, clear it
+    and log a `job.output_reset`, so no client glues two attempts' text together."""
+    statement = prepared(tx, ("reset_output",), _reset_statement)
+    cleared = statement.run(tx, {"job_id": job.job_id, "attempt": job.attempt, "now": now})
+    if cleared is None:
+        return
+    log_event(
+        tx,
+        EventType.OUTPUT_RESET,
+        job_id=job.job_id,
+        prompt_id=job.prompt_id,
+        org=job.org,
+        author=job.author,
+        state=job.state,
+        data={"job_id": job.job_id, "attempt": job.attempt},
+        now=now,
+    )
+
+
+def _reset_statement() -> Any:
+    attempt = bindparam("attempt", type_=OUTPUTS.c.attempt.type)
+    return (
+        update(OUTPUTS)
+        .where(
+            OUTPUTS.c.job_id == bindparam("job_id"),
+            OUTPUTS.c.attempt < attempt,
+            OUTPUTS.c.length > 0,
+        )
+        .values(
+            attempt=attempt,
+            text="",
+            length=0,
+            updated_at=bindparam("now", type_=OUTPUTS.c.updated_at.type),
+        )
+        .returning(OUTPUTS.c.job_id)
+    )
+
+
+def record_attempt(tx: WriteTx, usage: AttemptUsage, now: datetime) -> Job | None:
+    """Record the attempt once and add what it consumed to the job's sums: the job row after,
+    or None if the attempt was recorded before. A job that has already settled (a cancelled
+    call's last tokens come after the cancel) gets a `job.usage` event with the new sums;
+    otherwise the next transition's event carries them."""
+    dialect_insert = pg_insert if tx.postgresql else sqlite_insert
+    inserted = tx.execute(
+        dialect_insert(ATTEMPTS)
+        .values(**asdict(usage))
+        .on_conflict_do_nothing()
+        .returning(ATTEMPTS.c.job_id)
+    ).first()
+    if inserted is None:
+        return None
+    event_id = tx.next_event_id()
+    settled = JOBS.c.state.in_(TERMINAL)
+    row = tx.execute(
+        update(JOBS)
+        .where(JOBS.c.job_id == usage.job_id)
+        .values(
+            input_tokens=JOBS.c.input_tokens + (usage.input_tokens or 0),
+            output_tokens=JOBS.c.output_tokens + (usage.output_tokens or 0),
+            # NULL (unknown) stays NULL once any attempt's cost is unknown.
+            cost_usd=JOBS.c.cost_usd
+            + bindparam("cost", usage.cost_usd, type_=JOBS.c.cost_usd.type),
+            last_event_id=case((settled, event_id), else_=JOBS.c.last_event_id),
+        )
+        .returning(*JOBS.c)
+    ).first()
+    if row is None:
+        return None
+    job = Job(**row._mapping)
+    if job.state in TERMINAL:
+        log_event(
+            tx,
+            EventType.USAGE,
+            job_id=job.job_id,
+            prompt_id=job.prompt_id,
+            org=job.org,
+            author=job.author,
+            state=job.state,
+            data=job_row(job),
+            now=now,
+            event_id=event_id,
+        )
+    return job
