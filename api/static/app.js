@@ -3,7 +3,7 @@
 // This is the entry point, loaded by index.html as a module; the modules it imports:
 //   state.js    what the page knows, shared by every module
 //   api.js      requests to the API, and where the API key is kept
-//   jobs.js     ordering and merging the job rows the API sends
+//   jobs.js     ordering and merging the job rows the API sends, and each job's streamed text
 //   cards.js    rendering: one card per prompt, updated in place
 //   actions.js  a card's Cancel, Retry and "Retry with…"
 //   compose.js  the compose box
@@ -27,6 +27,7 @@ function stopFollowing() {
   state.pollTimer = null;
   state.prompts.clear();
   state.responses.clear();
+  state.outputs.clear();
   state.cursor = "0";
   state.nextBefore = null;
   $("prompts").replaceChildren();

@@ -1,7 +1,7 @@
 // Rendering: each prompt card is built once and updated in place, so what the user has open
 // (a card's History, a "Retry with…" form being filled in) survives every update.
 import { act, buildRetryForm, openRetryForm } from "./actions.js";
-import { fetchResponse, IN_FLIGHT, latestJob, RETRYABLE, stamp } from "./jobs.js";
+import { fetchOutput, fetchResponse, IN_FLIGHT, latestJob, mayHaveOutput, RETRYABLE, stamp } from "./jobs.js";
 import { $, state } from "./state.js";
 
 export function el(tag, className, text) {
@@ -32,12 +32,17 @@ function buildCard(entry) {
   const text = el("p", "text");
   const error = el("p", "error-line");
   const note = el("p", "note");
+  const output = el("pre", "output");
   const response = el("pre", "response");
+  const usage = el("p", "usage");
+  usage.title = "Tokens in and out over all the job's attempts, and what they cost";
   const history = el("details", "history");
   history.append(el("summary"), el("ol"));
-  li.append(head, retryForm, text, error, note, response, history);
+  li.append(head, retryForm, text, error, note, output, response, usage, history);
   entry.el = li;
-  entry.parts = { badge, when, detail, cancel, retry, retryWith, retryForm, text, error, note, response, history };
+  entry.parts = {
+    badge, when, detail, cancel, retry, retryWith, retryForm, text, error, note, output, response, usage, history,
+  };
   return li;
 }
 
@@ -79,6 +84,19 @@ function describe(job) {
     default:
       return job.state;
   }
+}
+
+function usage(job) {
+  const cost = job.cost_usd;
+  const price =
+    cost === null || cost === undefined
+      ? "cost unknown"
+      : cost === 0
+        ? "$0"
+        : cost < 0.000001
+          ? "< $0.000001"
+          : `$${cost.toFixed(cost < 1 ? 6 : 2)}`;
+  return `${job.input_tokens ?? 0} in · ${job.output_tokens ?? 0} out tokens · ${price}`;
 }
 
 function clock(iso) {
@@ -124,6 +142,11 @@ export function render(entry) {
   if (job.state === "succeeded" && job.response_id && text === undefined) {
     fetchResponse(entry, job.response_id);
   }
+  renderOutput(entry);
+  // What the job consumed, once it has: a running first attempt has recorded nothing yet.
+  const consumed = job.attempt > 0 && (RETRYABLE.has(job.state) || job.input_tokens > 0 || job.output_tokens > 0);
+  p.usage.hidden = !consumed;
+  p.usage.textContent = consumed ? usage(job) : "";
 
   // Every job of the prompt, oldest first; the <details> element stays, so it stays open.
   const jobs = [...entry.jobs.values()].sort((a, b) => (stamp(a.created_at) < stamp(b.created_at) ? -1 : 1));
@@ -139,4 +162,22 @@ export function render(entry) {
     return item;
   });
   p.history.lastChild.replaceChildren(...items);
+}
+
+// The text the job's attempt streams, growing while it runs, until the response replaces it;
+// a failed or cancelled job keeps what its last attempt streamed. Called on every output
+// change, so it touches only its own element.
+export function renderOutput(entry) {
+  const job = latestJob(entry);
+  if (!job || !entry.el) return;
+  const output = state.outputs.get(job.job_id);
+  if (!output && mayHaveOutput(job)) fetchOutput(job.job_id); // first shown: what streamed so far
+  const text = output ? output.text : "";
+  const streaming = job.state === "running";
+  const node = entry.parts.output;
+  node.hidden = !entry.parts.response.hidden || (!streaming && !text);
+  if (node.textContent !== text) node.textContent = text;
+  node.classList.toggle("streaming", streaming);
+  node.classList.toggle("partial", !streaming && job.state !== "succeeded");
+  node.title = streaming ? "streaming…" : job.state === "succeeded" ? "" : "what was streamed before the attempt ended";
 }

@@ -1,12 +1,21 @@
 // Following changes: SSE first, polling while SSE is unavailable. SSE event ids and the
 // polls' next_cursor advance one cursor, so switching between them loses nothing.
 import { api } from "./api.js";
-import { advance, anyInFlight, onJob } from "./jobs.js";
+import { advance, anyInFlight, onJob, onOutput, onOutputReset, pollOutputs } from "./jobs.js";
 import { $, notice, state } from "./state.js";
 
 const POLL_MS = 1000;
 const POLL_BATCH = 200;
 const RECONNECT_MS = [1000, 2000, 5000, 10000, 30000];
+
+// What each SSE event type carries, and who takes it. A job.usage row (a cancelled call's
+// last tokens, recorded after the job settled) merges like any other row.
+const EVENTS = {
+  "job.state_changed": onJob,
+  "job.usage": onJob,
+  "job.output": onOutput,
+  "job.output_reset": onOutputReset,
+};
 
 export function setMode(mode) {
   const badge = $("connection");
@@ -37,10 +46,12 @@ export function follow() {
     state.reconnects = 0;
     setLive(true);
   });
-  source.addEventListener("job.state_changed", (event) => {
-    advance(event.lastEventId);
-    onJob(JSON.parse(event.data));
-  });
+  for (const [type, take] of Object.entries(EVENTS)) {
+    source.addEventListener(type, (event) => {
+      advance(event.lastEventId);
+      take(JSON.parse(event.data));
+    });
+  }
   source.addEventListener("error", () => {
     if (generation !== state.generation) return;
     setLive(false);
@@ -72,7 +83,8 @@ export function schedulePoll(delay = POLL_MS) {
   state.pollTimer = setTimeout(pollOnce, delay);
 }
 
-// Polling is a fallback and costs requests: it runs only while a job is in flight.
+// Polling is a fallback and costs requests: it runs only while a job is in flight (or a
+// settled job's last text is still to be read).
 async function pollOnce() {
   state.pollTimer = null;
   if (state.live) return;
@@ -90,6 +102,9 @@ async function pollOnce() {
       for (const job of page.jobs) onJob(job);
       if (page.jobs.length < POLL_BATCH) break;
     }
+    // Job rows carry no text: each job whose text may still grow is read on from its end.
+    await pollOutputs();
+    if (generation !== state.generation) return;
   } catch (err) {
     if (generation !== state.generation) return;
     notice(`Could not reach the API: ${err.message}`);

@@ -5,7 +5,9 @@ export const state = {
   // prompt_id -> {prompt, jobs: Map(job_id -> job row), el, sort}
   prompts: new Map(),
   responses: new Map(), // response_id -> text, once fetched
-  fetching: new Set(), // prompt ids and response ids being fetched
+  // job_id -> the text its current attempt has streamed: {attempt, text, length, done, again}
+  outputs: new Map(),
+  fetching: new Set(), // prompt ids, response ids and job ids (their output) being fetched
   cursor: "0", // the event cursor: advanced by SSE event ids and by polls alike
   nextBefore: null,
   source: null,

@@ -30,11 +30,13 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
-# Records every state a prompt card and the connection pill take, in order, so a test can tell
-# what the user saw even when a state lasted only a few milliseconds.
-RECORD_STATES = """
+# Records every state a prompt card and the connection pill take, and every text a card's
+# streamed output shows, in order, so a test can tell what the user saw even when it lasted
+# only a few milliseconds.
+RECORD_SEEN = """
 window.__seenStates = {};
 window.__seenModes = [];
+window.__seenOutputs = {};
 const remember = (seen, values) => {
   for (const value of values) if (value && seen[seen.length - 1] !== value) seen.push(value);
 };
@@ -46,13 +48,21 @@ new MutationObserver((records) => {
     } else if (node.classList && node.classList.contains("prompt")) {
       const seen = (window.__seenStates[node.dataset.promptId] ||= []);
       remember(seen, [record.oldValue, node.dataset.state]);
+    } else if (record.type === "childList" && node.classList && node.classList.contains("output")) {
+      // The page replaces the text whole: the added node is the text shown at that moment.
+      const seen = (window.__seenOutputs[node.closest(".prompt").dataset.promptId] ||= []);
+      remember(seen, [record.addedNodes.length ? record.addedNodes[0].data : ""]);
     }
   }
 }).observe(document, {
-  subtree: true, attributes: true, attributeOldValue: true,
+  subtree: true, childList: true, attributes: true, attributeOldValue: true,
   attributeFilter: ["data-state", "data-mode"],
 });
 """
+
+# A model the web stack's workers price (the fake provider answers for any model name): its
+# jobs have a cost; `fake*` models cost 0 and any other name's cost is unknown.
+PRICED_MODEL = "priced-1"
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +85,12 @@ def sqlite_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 @pytest.fixture
 async def web_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
-    """The whole service on SQLite only: the page, not the store, is under test here."""
-    async with running_stack(sqlite_settings(tmp_path), dev_server.client) as running:
+    """The whole service on SQLite only: the page, not the store, is under test here. A
+    failed attempt is retried within a second (not 5 s), and one model has a price."""
+    prices = tmp_path / "prices.toml"
+    prices.write_text(f'[models."{PRICED_MODEL}"]\ninput = 1000.0\noutput = 2000.0\n')
+    settings = sqlite_settings(tmp_path, prices_file=prices, backoff_initial_s=0.5)
+    async with running_stack(settings, dev_server.client) as running:
         yield running
 
 
@@ -98,7 +112,7 @@ async def user_browser(browser: Browser, stack: Stack) -> AsyncIterator[BrowserC
     """One user's browser profile (its localStorage outlives a closed tab)."""
     context = await browser.new_context(base_url=stack.base_url)
     context.set_default_timeout(20_000)
-    await context.add_init_script(RECORD_STATES)
+    await context.add_init_script(RECORD_SEEN)
     try:
         yield context
     finally:

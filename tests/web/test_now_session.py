@@ -9,8 +9,8 @@ from typing import Any
 from playwright.async_api import BrowserContext, Page, Route, expect
 
 from activities.adapters.fake import fake_output
-from tests.conftest import Stack
-from tests.web.conftest import OpenPage, screenshot
+from tests.conftest import Stack, eventually
+from tests.web.conftest import PRICED_MODEL, OpenPage, screenshot
 
 SETTLED = re.compile(r"^(succeeded|failed|cancelled|superseded)$")
 
@@ -51,6 +51,36 @@ async def seen_states(page: Page, prompt_id: str) -> list[str]:
     return states
 
 
+async def seen_outputs(page: Page, prompt_id: str) -> list[str]:
+    """Every text the card's streamed output has shown, in order (since the page loaded)."""
+    texts: list[str] = await page.evaluate(f"window.__seenOutputs[{json.dumps(prompt_id)}] || []")
+    return texts
+
+
+async def shows_part_of(page: Page, prompt_id: str, full: str, state: str = "running") -> str:
+    """Wait until the card, its job in `state`, shows a non-empty proper prefix of `full`."""
+    handle = await page.wait_for_function(
+        """([id, full, state]) => {
+          const item = document.querySelector(`li.prompt[data-prompt-id="${id}"]`);
+          const output = item && item.querySelector(".output");
+          if (!output || output.hidden || item.dataset.state !== state) return false;
+          const text = output.textContent;
+          return text && text.length < full.length && full.startsWith(text) ? text : false;
+        }""",
+        arg=[prompt_id, full, state],
+    )
+    text: str = await handle.json_value()
+    return text
+
+
+def assert_only_grew(seen: list[str], full: str) -> None:
+    """Each text shown was a prefix of the answer and longer than the one before it: no
+    piece shown twice, none skipped, no attempt's text glued to another's."""
+    assert seen, "the card never showed streamed text"
+    assert all(full.startswith(text) for text in seen), seen
+    assert [len(text) for text in seen] == sorted({len(text) for text in seen}), seen
+
+
 async def test_submitted_prompt_goes_queued_running_succeeded_without_reloading(
     web_stack: Stack, open_page: OpenPage
 ) -> None:
@@ -80,6 +110,137 @@ async def test_submitted_prompt_goes_queued_running_succeeded_without_reloading(
     # A succeeded job can be run again too, as the API allows.
     await expect(item.locator("button.retry")).to_be_visible()
     await screenshot(page, "now-session-succeeded")
+    assert errors == []
+
+
+async def test_the_answer_grows_live_on_the_card_then_becomes_the_response(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    prompt = "Explain slowly, word by word, why a durable queue keeps every job it accepts"
+    full = fake_output(prompt)
+    accepted = await submit_through_page(page, prompt, {"fake": {"latency_ms": 4000}})
+    item = card(page, accepted["prompt_id"])
+
+    first = await shows_part_of(page, accepted["prompt_id"], full)
+    await expect(item.locator(".output")).to_have_class(re.compile(r"\bstreaming\b"))
+    # It grows while the job still runs.
+    await page.wait_for_function(
+        "([id, n]) => (window.__seenOutputs[id] || []).some((t) => t.length > n)",
+        arg=[accepted["prompt_id"], len(first)],
+    )
+    await screenshot(page, "now-session-streaming")
+
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(full)
+    await expect(item.locator(".output")).to_be_hidden()
+    assert_only_grew(await seen_outputs(page, accepted["prompt_id"]), full)
+    assert errors == []
+
+
+async def test_a_reload_mid_stream_shows_the_text_so_far_then_goes_on(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    # Offsets count characters as Python does: 🚀 is one, not JavaScript's two.
+    prompt = "Reload me 🚀 in the middle of a long and winding answer about idempotent activities"
+    full = fake_output(prompt)
+    accepted = await submit_through_page(page, prompt, {"fake": {"latency_ms": 5000}})
+    before = await shows_part_of(page, accepted["prompt_id"], full)
+
+    await page.reload()
+
+    # At once, what was streamed before the reload (read from the API), then the rest live.
+    await shows_part_of(page, accepted["prompt_id"], full)
+    await expect(page.locator("#connection")).to_have_attribute("data-mode", "live")
+    item = card(page, accepted["prompt_id"])
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(full)
+    seen = await seen_outputs(page, accepted["prompt_id"])
+    assert len(seen[0]) >= len(before), seen
+    assert_only_grew(seen, full)
+    assert errors == []
+
+
+async def test_a_retried_attempt_starts_its_text_over(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    """The first attempt streams half the answer and fails; the second starts over."""
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    prompt = "Start over when the provider fails halfway through this sentence"
+    full = fake_output(prompt)
+    failing = {"fake": {"latency_ms": 1500, "fail": ["provider_5xx"]}}
+    accepted = await submit_through_page(page, prompt, failing)
+    item = card(page, accepted["prompt_id"])
+
+    # While the retry waits, the card keeps what the failed attempt streamed.
+    await shows_part_of(page, accepted["prompt_id"], full, state="queued")
+    await expect(item.locator(".output")).to_have_class(re.compile(r"\bpartial\b"))
+    await screenshot(page, "now-session-retry-waiting")
+    await expect(item).to_have_attribute("data-state", "succeeded")
+    await expect(item.locator(".response")).to_have_text(full)
+
+    seen = await seen_outputs(page, accepted["prompt_id"])
+    assert all(full.startswith(text) for text in seen), seen
+    # The first attempt's half was dropped when the second began: the text got shorter once.
+    shrank = [i for i in range(1, len(seen)) if len(seen[i]) < len(seen[i - 1])]
+    assert len(shrank) == 1, seen
+    assert_only_grew(seen[shrank[0] :], full)
+    assert (await web_stack.job(accepted["job_id"]))["attempt"] == 2
+    assert errors == []
+
+
+async def test_a_cancelled_job_keeps_the_text_it_streamed(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    prompt = "Cancel me while I am still talking about workflows and their histories"
+    full = fake_output(prompt)
+    accepted = await submit_through_page(page, prompt, {"fake": {"latency_ms": 5000}})
+    item = card(page, accepted["prompt_id"])
+    before = await shows_part_of(page, accepted["prompt_id"], full)
+
+    await item.locator("button.cancel").click()
+
+    await expect(item).to_have_attribute("data-state", "cancelled")
+    kept = await shows_part_of(page, accepted["prompt_id"], full, state="cancelled")
+    assert len(kept) >= len(before)
+    await expect(item.locator(".output")).to_have_class(re.compile(r"\bpartial\b"))
+    await expect(item.locator(".response")).to_be_hidden()
+    # The cut call's tokens are recorded just after the cancel (a job.usage event).
+    job = await eventually(
+        lambda: web_stack.job(accepted["job_id"]), lambda j: bool(j["output_tokens"])
+    )
+    await expect(item.locator(".usage")).to_have_text(
+        f"{job['input_tokens']} in · {job['output_tokens']} out tokens · $0"
+    )
+    await screenshot(page, "now-session-cancelled-partial")
+    # Still there after a reload: read from the API.
+    await page.reload()
+    await shows_part_of(page, accepted["prompt_id"], full, state="cancelled")
+    assert errors == []
+
+
+async def test_a_settled_job_shows_its_tokens_and_cost(
+    web_stack: Stack, open_page: OpenPage
+) -> None:
+    page, errors = await open_page(f"/?key={web_stack.api_key}")
+    priced = await submit_through_page(page, "what does this cost", {"model": PRICED_MODEL})
+    unpriced = await submit_through_page(page, "and this one", {"model": "unpriced-1"})
+
+    for accepted in (priced, unpriced):
+        await expect(card(page, accepted["prompt_id"])).to_have_attribute("data-state", "succeeded")
+    job = await web_stack.job(priced["job_id"])
+    assert job["input_tokens"] > 0 and job["output_tokens"] > 0 and job["cost_usd"] > 0
+    await expect(card(page, priced["prompt_id"]).locator(".usage")).to_have_text(
+        f"{job['input_tokens']} in · {job['output_tokens']} out tokens · ${job['cost_usd']:.6f}"
+    )
+    job = await web_stack.job(unpriced["job_id"])
+    assert job["cost_usd"] is None
+    await expect(card(page, unpriced["prompt_id"]).locator(".usage")).to_have_text(
+        f"{job['input_tokens']} in · {job['output_tokens']} out tokens · cost unknown"
+    )
+    await screenshot(page, "now-session-usage")
     assert errors == []
 
 
@@ -270,18 +431,26 @@ async def test_page_falls_back_to_polling_when_sse_is_blocked(
     await browser_context.route("**/v1/events?*", block)
     page, errors = await open_page(f"/?key={web_stack.api_key}")
     page.on("request", lambda r: polls.append(r.url) if "/v1/jobs?since=" in r.url else None)
+    reads: list[str] = []
+    page.on("request", lambda r: reads.append(r.url) if "/output?since=" in r.url else None)
     await expect(page.locator("#connection")).not_to_have_attribute("data-mode", "connecting")
 
-    accepted = await submit_through_page(page, "no live stream", {"fake": {"latency_ms": 1500}})
+    prompt = "no live stream, so the text arrives by polling its output"
+    full = fake_output(prompt)
+    accepted = await submit_through_page(page, prompt, {"fake": {"latency_ms": 4000}})
     item = card(page, accepted["prompt_id"])
+    await shows_part_of(page, accepted["prompt_id"], full)
     await expect(item).to_have_attribute("data-state", "succeeded")
-    await expect(item.locator(".response")).to_have_text(fake_output("no live stream"))
+    await expect(item.locator(".response")).to_have_text(full)
 
     assert await seen_states(page, accepted["prompt_id"]) == ["queued", "running", "succeeded"]
     assert "polling" in await page.evaluate("window.__seenModes")
     assert "live" not in await page.evaluate("window.__seenModes")
     assert streams, "the page never tried SSE"
     assert polls, "the page never polled"
+    # The text is read on from where the page's copy ends, never again from the start.
+    assert any(not url.endswith("since=0") for url in reads), reads
+    assert_only_grew(await seen_outputs(page, accepted["prompt_id"]), full)
     # Nothing in flight: the page stops polling rather than poll forever.
     await expect(page.locator("#connection")).to_have_attribute("data-mode", "idle")
     await screenshot(page, "now-session-polling")
