@@ -23,7 +23,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from activities.adapters.base import StreamedOutput
-from activities.outages import through_outages
 from projections.lifecycle import JobState
 from projections.models import Job
 from projections.streams import OutputBatch, OutputWritten
@@ -85,6 +84,8 @@ class OutputStreams:
         # Held while a batch is being written, so `close` never races a flush of its stream.
         self._writing = asyncio.Lock()
         self.writes = 0  # transactions written (the benchmark reads it)
+        self._failed_writes = 0
+        self._failed_watches = 0
 
     def open(self, job_id: str, attempt: int, on_stop: Callable[[str], None]) -> AttemptStream:
         stream = AttemptStream(job_id, attempt, on_stop)
@@ -151,14 +152,23 @@ class OutputStreams:
                 return
             started = time.monotonic()
             try:
-                written = await through_outages(
-                    "write output", lambda: self._append(batches), logger=log
-                )
+                written = await self._append(batches)
             except Exception as err:
-                # Kept in memory: the next flush (or the attempt's end) writes it.
-                log.warning("could not write streamed output of %d job(s): %s", len(due), err)
-                await asyncio.sleep(self.flush_s)
+                # The text stays in memory: a later flush writes it, or the attempt's end
+                # does, waiting out an outage there (so an attempt never waits on this lock
+                # for longer than one write).
+                self._failed_writes += 1
+                if self._failed_writes == 1 or self._failed_writes % 50 == 0:
+                    log.warning(
+                        "cannot write streamed output of %d job(s) (try %d), keeping it: %s",
+                        len(due),
+                        self._failed_writes,
+                        err.__class__.__name__,
+                    )
+                for stream in due:
+                    stream.last_flush_at = started  # not again before the interval
                 return
+            self._failed_writes = 0
             self.writes += 1
             for stream, batch, result in zip(due, batches, written, strict=True):
                 stream.flushed = batch.offset + len(batch.text)
@@ -178,8 +188,16 @@ class OutputStreams:
             try:
                 rows = await self._rows(s.job_id for s in streams)
             except (SQLAlchemyError, OSError) as err:
-                log.warning("cannot watch the rows of running jobs: %s", err)
+                # An outage: the calls go on (Temporal's cancellation still reaches them).
+                self._failed_watches += 1
+                if self._failed_watches == 1 or self._failed_watches % 200 == 0:
+                    log.warning(
+                        "cannot watch the rows of running jobs (try %d): %s",
+                        self._failed_watches,
+                        err.__class__.__name__,
+                    )
                 continue
+            self._failed_watches = 0
             for stream in streams:
                 row = rows.get(stream.job_id)
                 if row is None:

@@ -13,6 +13,8 @@ NAMES = [
     "crash_recovery",
     "polling_cost",
     "stream_fanout",
+    "stream_output",
+    "cancel_latency",
 ]
 
 

@@ -98,12 +98,20 @@ def append_output(tx: WriteTx, batch: OutputBatch, now: datetime) -> OutputWritt
             .where(OUTPUTS.c.job_id == batch.job_id)
             .values(attempt=batch.attempt, text=batch.text, length=grown, updated_at=now)
         )
-    elif have is not None and have.attempt == batch.attempt and have.length == batch.offset:
+    elif (
+        have is not None
+        and have.attempt == batch.attempt
+        and batch.offset <= have.length < batch.offset + grown
+    ):
+        # The batch goes on from where the text ends; a batch that starts earlier repeats
+        # text a write whose commit went unacknowledged already stored: only its rest goes.
+        rest = batch.text[have.length - batch.offset :]
+        batch = OutputBatch(batch.job_id, batch.attempt, have.length, rest)
         statement = prepared(tx, ("append_output",), _append_statement)
-        statement.run(tx, {"job_id": batch.job_id, "text": batch.text, "grown": grown, "now": now})
+        statement.run(tx, {"job_id": batch.job_id, "text": rest, "grown": len(rest), "now": now})
     else:
-        # Already there (a write repeated after its commit went unacknowledged), or not
-        # the next text: the log never holds a batch twice or out of place.
+        # Already there whole, or not the next text: the log never holds text twice or out
+        # of place.
         return OutputWritten(False, running)
     log_event(
         tx,

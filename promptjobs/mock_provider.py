@@ -234,6 +234,9 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             "step": plan.step,
             "stream": call.stream,
             "chunks": 0,
+            # When the first text chunk went out (epoch seconds): bench.stream_output
+            # measures from here to the SSE client.
+            "first_chunk_at": None,
             "disconnected_at": None,
         }
         state.log.append(entry)
@@ -678,6 +681,8 @@ class EventStream(Response):
             if await _client_gone(gone, self.script.chunk_ms / 1000):
                 return True
             await emit(wire.piece(piece))
+            if self.entry["first_chunk_at"] is None:
+                self.entry["first_chunk_at"] = time.time()
             self.entry["chunks"] += 1
         cut = self.cut
         if cut is None:

@@ -13,6 +13,8 @@ import httpx
 
 from tests.conftest import eventually
 
+STATE_CHANGED = "job.state_changed"
+
 
 @dataclass
 class Stream:
@@ -20,7 +22,12 @@ class Stream:
     reader: asyncio.Task[None] | None = None
 
     def states_of(self, job_id: str) -> list[str]:
-        return [e["data"]["state"] for e in self.events if e["data"]["job_id"] == job_id]
+        """The job's states, one per `job.state_changed` event."""
+        return [
+            e["data"]["state"]
+            for e in self.events
+            if e.get("event") == STATE_CHANGED and e["data"]["job_id"] == job_id
+        ]
 
     @property
     def ended(self) -> bool:

@@ -94,6 +94,8 @@ def test_the_document_describes_every_route(api_schema: BaseSchema) -> None:
         ("GET", "/v1/prompts/{prompt_id}"),
         ("GET", "/v1/jobs"),
         ("GET", "/v1/jobs/{job_id}"),
+        ("GET", "/v1/jobs/{job_id}/output"),
+        ("GET", "/v1/jobs/{job_id}/attempts"),
         ("POST", "/v1/jobs/{job_id}/cancel"),
         ("POST", "/v1/jobs/{job_id}/retry"),
         ("GET", "/v1/responses/{response_id}"),

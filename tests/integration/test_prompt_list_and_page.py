@@ -95,8 +95,11 @@ async def test_events_accept_the_key_as_access_token_for_eventsource(stack: Stac
     ):
         assert stream.status_code == 200
         states: list[str] = []
+        event = ""
         async for line in stream.aiter_lines():
-            if line.startswith("data:"):
+            if line.startswith("event:"):
+                event = line.removeprefix("event:").strip()
+            if line.startswith("data:") and event == "job.state_changed":
                 states.append(json.loads(line.removeprefix("data:"))["state"])
             if len(states) == 3:
                 break

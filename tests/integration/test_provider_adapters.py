@@ -147,6 +147,7 @@ async def test_openai_result_records_what_the_provider_answered(
     assert (result.input_tokens, result.output_tokens) == (8, 3)
     assert result.latency_ms is not None and result.latency_ms >= 0
     [seen] = await mock_provider.requests(prompt)
+    assert seen.pop("first_chunk_at") is not None
     assert seen | {"attempt": 1} == {
         "api": "openai",
         "model": "gpt-test",

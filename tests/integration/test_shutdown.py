@@ -11,6 +11,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from projections.keys import create_key
+from projections.lifecycle import EventType
 from projections.scope import Scope
 from promptjobs.runtime import open_projection
 from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
@@ -43,7 +44,11 @@ async def event_log(stack: Stack, job_id: str) -> list[tuple[str, int, str | Non
     events = await stack.projection.store.events_since(
         Scope("acme", "alice"), 0, 100, job_id=job_id
     )
-    return [(e.state.value, e.data["attempt"], e.data["error_kind"]) for e in events]
+    return [
+        (e.state.value, e.data["attempt"], e.data["error_kind"])
+        for e in events
+        if e.type == EventType.STATE_CHANGED
+    ]
 
 
 async def test_sigterm_lets_the_running_call_finish(api_only: Stack, tmp_path: Path) -> None:
