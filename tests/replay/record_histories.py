@@ -33,7 +33,7 @@ from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 RETENTION_HISTORIES = HISTORIES / "retention"
-VERSION = "v6"
+VERSION = "v7"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
 
