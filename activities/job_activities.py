@@ -225,14 +225,7 @@ class JobActivities:
             # worker died after the commit): hand back that settlement, change nothing.
             return await self._settlement(call.job_id, started.attempt)
         if started.state.is_terminal:
-            raise ApplicationError(
-                f"job is already {started.state.value}",
-                started.state.value,
-                started.error_kind,
-                started.error_message,
-                type=JOB_CLOSED,
-                non_retryable=True,
-            )
+            raise job_closed(started.state, started.error_kind, started.error_message)
         async with DelayedReport(
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
@@ -346,15 +339,7 @@ class JobActivities:
         activity.logger.info("job %s attempt %d: provider call stopped: %s", job_id, attempt, why)
         job, _prompt = await self._load(job_id)
         if job.state.is_terminal:
-            return ApplicationError(
-                f"job is already {job.state.value}",
-                job.state.value,
-                job.error_kind,
-                job.error_message,
-                type=JOB_CLOSED,
-                non_retryable=True,
-                category=ApplicationErrorCategory.BENIGN,
-            )
+            return job_closed(job.state, job.error_kind, job.error_message)
         await asyncio.Event().wait()  # ended by Temporal's cancellation
         raise AssertionError("unreachable")
 
@@ -584,6 +569,23 @@ async def wake_children(sessions: async_sessionmaker[AsyncSession], prompt_id: s
             await activity.client().get_workflow_handle(job_id).signal(PARENTS_CHANGED)
         except RPCError as err:
             activity.logger.warning("could not wake chained job %s: %s", job_id, err)
+
+
+def job_closed(
+    state: JobState, error_kind: ErrorKind | None, error_message: str | None
+) -> ApplicationError:
+    """The attempt found its job already settled: nothing to run, nothing to retry. The
+    details are the row's word, which the workflow takes (JOB_CLOSED). Benign: a cancel or
+    the reconciler got there first, which is no fault."""
+    return ApplicationError(
+        f"job is already {state.value}",
+        state.value,
+        error_kind,
+        error_message,
+        type=JOB_CLOSED,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )
 
 
 def adapter_failure(

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import BigInteger, Connection, Engine, Executable, Float, event, text
+from sqlalchemy import BigInteger, Connection, Engine, Executable, Float, Select, event, text
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -488,9 +488,16 @@ class Prepared:
         self.binds = {
             name: bind.type._cached_bind_processor(dialect) for name, bind in compiled.binds.items()
         }
+        # The row it gives back: a RETURNING clause's columns, or a SELECT's.
+        columns = getattr(statement, "_returning", ()) or (
+            statement.selected_columns if isinstance(statement, Select) else ()
+        )
         self.returning = [
-            (column.key, column.type._cached_result_processor(dialect, _coltype(column, dialect)))
-            for column in getattr(statement, "_returning", ())
+            (
+                str(column.key),
+                column.type._cached_result_processor(dialect, _coltype(column, dialect)),
+            )
+            for column in columns
         ]
 
     def run(self, tx: WriteTx, params: dict[str, Any]) -> dict[str, Any] | None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import insert
 
 from projections.db import Prepared, WriteTx
 from projections.lifecycle import EventType, JobState
-from projections.models import Base, JobEvent
+from projections.metrics import transition_labels
+from projections.models import Base, Job, JobEvent
+from projections.rows import job_row
 
 EVENTS = Base.metadata.tables[JobEvent.__tablename__]
 
@@ -32,21 +34,26 @@ def prepared(tx: WriteTx, key: tuple[Any, ...], build: Callable[[], Any]) -> Pre
     return found
 
 
+class Logged(Protocol):
+    """What an event records of its job (a Job, or a row read with these columns)."""
+
+    job_id: str
+    prompt_id: str
+    org: str
+    author: str
+    state: JobState
+
+
 def log_event(
     tx: WriteTx,
     kind: EventType,
-    *,
-    job_id: str,
-    prompt_id: str,
-    org: str,
-    author: str,
-    state: JobState,
+    job: Logged,
     data: dict[str, Any],
     now: datetime,
     event_id: int | None = None,
 ) -> int:
-    """Append one event; `event_id`, when the caller already wrote it on the job row, must be
-    the transaction's next id (`tx.next_event_id()`)."""
+    """Append one event of `job`; `event_id`, when the caller already wrote it on the job
+    row, must be the transaction's next id (`tx.next_event_id()`)."""
     event_id = tx.next_event_id() if event_id is None else event_id
     statement = prepared(tx, ("append_event",), lambda: insert(EVENTS))
     statement.run(
@@ -54,14 +61,29 @@ def log_event(
         {
             "id": event_id,
             "type": kind.value,
-            "job_id": job_id,
-            "prompt_id": prompt_id,
-            "org": org,
-            "author": author,
-            "state": state,
+            "job_id": job.job_id,
+            "prompt_id": job.prompt_id,
+            "org": job.org,
+            "author": job.author,
+            "state": job.state,
             "data": data,
             "created_at": now,
         },
     )
     tx.used_event_id(event_id)
+    return event_id
+
+
+def append_event(
+    tx: WriteTx,
+    job: Job,
+    event_id: int,
+    now: datetime,
+    kind: EventType = EventType.STATE_CHANGED,
+) -> int:
+    """Log the row as it now stands (a transition, or new usage sums); `event_id` is already
+    the row's last_event_id."""
+    log_event(tx, kind, job, job_row(job), now, event_id)
+    if kind is EventType.STATE_CHANGED:
+        tx.committed_transitions.append(transition_labels(job.state, job.error_kind))
     return event_id

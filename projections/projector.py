@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.admission import Waiting, admit
 from projections.db import GroupCommit, WriteTx
-from projections.event_log import log_event, prepared, utcnow
+from projections.event_log import append_event, prepared, utcnow
 from projections.lifecycle import (
     AttemptResult,
     ErrorKind,
@@ -29,9 +29,7 @@ from projections.lifecycle import (
     progress_rank,
     sources_of,
 )
-from projections.metrics import transition_labels
 from projections.models import Base, Job, Response
-from projections.rows import job_row
 from projections.streams import (
     AttemptUsage,
     OutputBatch,
@@ -84,27 +82,6 @@ class Applied:
 def job_of(row: Row[Any]) -> Job:
     """A detached Job holding a row's values (the caller's copy; no session tracks it)."""
     return Job(**row._mapping)
-
-
-def append_event(
-    tx: WriteTx, job: Job, event_id: int, now: datetime, kind: EventType = STATE_CHANGED
-) -> int:
-    """Log the row as it now stands; `event_id` is already the row's last_event_id."""
-    log_event(
-        tx,
-        kind,
-        job_id=job.job_id,
-        prompt_id=job.prompt_id,
-        org=job.org,
-        author=job.author,
-        state=job.state,
-        data=job_row(job),
-        now=now,
-        event_id=event_id,
-    )
-    if kind is STATE_CHANGED:
-        tx.committed_transitions.append(transition_labels(job.state, job.error_kind))
-    return event_id
 
 
 def _guard(t: Transition) -> list[ColumnElement[bool]]:

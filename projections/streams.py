@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import bindparam, case, insert, select, update
+from sqlalchemy import Integer, bindparam, case, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from projections.db import WriteTx
-from projections.event_log import log_event, prepared
+from projections.event_log import append_event, log_event, prepared
 from projections.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.models import Attempt, Base, Job, JobOutput
-from projections.rows import job_row
 
 JOBS = Base.metadata.tables[Job.__tablename__]
 OUTPUTS = Base.metadata.tables[JobOutput.__tablename__]
@@ -67,79 +67,92 @@ class AttemptUsage:
 
 def append_output(tx: WriteTx, batch: OutputBatch, now: datetime) -> OutputWritten:
     """Append `batch` to the job's output if it is the next text of the job's current
-    attempt, and log it. The job row is read (and on PostgreSQL share-locked, so no
-    transition commits between the check and the append) for the event's org and author."""
-    stmt = select(JOBS.c.state, JOBS.c.attempt, JOBS.c.prompt_id, JOBS.c.org, JOBS.c.author)
-    stmt = stmt.where(JOBS.c.job_id == batch.job_id)
-    job = tx.execute(stmt.with_for_update(read=True) if tx.postgresql else stmt).first()
-    if job is None:
+    attempt, and log it. The job row is read with the output (and on PostgreSQL
+    share-locked, so no transition commits between the check and the append)."""
+    read = prepared(tx, ("read_output",), lambda: _read_statement(tx.postgresql))
+    found = read.run(tx, {"job_id": batch.job_id})
+    if found is None:
         return OutputWritten(False, False)
+    job = SimpleNamespace(**found)
     running = job.state is JobState.RUNNING and job.attempt == batch.attempt
     if job.attempt != batch.attempt or job.state not in OUTPUT_STATES or not batch.text:
         return OutputWritten(False, running)
-    have = tx.execute(
-        select(OUTPUTS.c.attempt, OUTPUTS.c.length).where(OUTPUTS.c.job_id == batch.job_id)
-    ).first()
-    grown = len(batch.text)
-    if have is None and batch.offset == 0:
-        tx.execute(
-            insert(OUTPUTS).values(
-                job_id=batch.job_id,
-                attempt=batch.attempt,
-                text=batch.text,
-                length=grown,
-                updated_at=now,
-            )
-        )
-    elif have is not None and have.attempt < batch.attempt and batch.offset == 0:
+    have_attempt, have_length = job.output_attempt, job.output_length
+    values = {"job_id": batch.job_id, "attempt": batch.attempt, "now": now}
+    if have_attempt is None and batch.offset == 0:
+        insert_first = prepared(tx, ("insert_output",), _insert_statement)
+        insert_first.run(tx, {**values, "text": batch.text, "length": len(batch.text)})
+    elif have_attempt is not None and have_attempt < batch.attempt and batch.offset == 0:
         # An earlier attempt's text that streamed nothing more (no reset was due).
-        tx.execute(
-            update(OUTPUTS)
-            .where(OUTPUTS.c.job_id == batch.job_id)
-            .values(attempt=batch.attempt, text=batch.text, length=grown, updated_at=now)
-        )
-    elif (
-        have is not None
-        and have.attempt == batch.attempt
-        and batch.offset <= have.length < batch.offset + grown
+        replace_old = prepared(tx, ("replace_output",), _replace_statement)
+        replace_old.run(tx, {**values, "text": batch.text, "length": len(batch.text)})
+    elif have_attempt == batch.attempt and batch.offset <= have_length < batch.offset + len(
+        batch.text
     ):
         # The batch goes on from where the text ends; a batch that starts earlier repeats
         # text a write whose commit went unacknowledged already stored: only its rest goes.
-        rest = batch.text[have.length - batch.offset :]
-        batch = OutputBatch(batch.job_id, batch.attempt, have.length, rest)
-        statement = prepared(tx, ("append_output",), _append_statement)
-        statement.run(tx, {"job_id": batch.job_id, "text": rest, "grown": len(rest), "now": now})
+        rest = batch.text[have_length - batch.offset :]
+        batch = OutputBatch(batch.job_id, batch.attempt, have_length, rest)
+        append = prepared(tx, ("append_output",), _append_statement)
+        append.run(tx, {"job_id": batch.job_id, "text": rest, "grown": len(rest), "now": now})
     else:
         # Already there whole, or not the next text: the log never holds text twice or out
         # of place.
         return OutputWritten(False, running)
-    log_event(
-        tx,
-        EventType.OUTPUT,
-        job_id=batch.job_id,
-        prompt_id=job.prompt_id,
-        org=job.org,
-        author=job.author,
-        state=job.state,
-        data={
-            "job_id": batch.job_id,
-            "attempt": batch.attempt,
-            "offset": batch.offset,
-            "text": batch.text,
-        },
-        now=now,
-    )
+    data = {"job_id": batch.job_id, "attempt": batch.attempt, "offset": batch.offset}
+    log_event(tx, EventType.OUTPUT, job, {**data, "text": batch.text}, now)
     return OutputWritten(True, running)
+
+
+def _read_statement(postgresql: bool) -> Any:
+    stmt = (
+        select(
+            JOBS.c.job_id,
+            JOBS.c.state,
+            JOBS.c.attempt,
+            JOBS.c.prompt_id,
+            JOBS.c.org,
+            JOBS.c.author,
+            OUTPUTS.c.attempt.label("output_attempt"),
+            OUTPUTS.c.length.label("output_length"),
+        )
+        .select_from(JOBS.outerjoin(OUTPUTS, OUTPUTS.c.job_id == JOBS.c.job_id))
+        .where(JOBS.c.job_id == bindparam("job_id", None))
+    )
+    return stmt.with_for_update(read=True, of=JOBS) if postgresql else stmt
+
+
+def _insert_statement() -> Any:
+    return insert(OUTPUTS).values(
+        job_id=bindparam("job_id", None),
+        attempt=bindparam("attempt", None),
+        text=bindparam("text", None),
+        length=bindparam("length", None),
+        updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
+    )
+
+
+def _replace_statement() -> Any:
+    return (
+        update(OUTPUTS)
+        .where(OUTPUTS.c.job_id == bindparam("job_id", None))
+        .values(
+            attempt=bindparam("attempt", None),
+            text=bindparam("text", None),
+            length=bindparam("length", None),
+            updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
+        )
+    )
 
 
 def _append_statement() -> Any:
     return (
         update(OUTPUTS)
-        .where(OUTPUTS.c.job_id == bindparam("job_id"))
+        .where(OUTPUTS.c.job_id == bindparam("job_id", None))
         .values(
-            text=OUTPUTS.c.text + bindparam("text", type_=OUTPUTS.c.text.type),
-            length=OUTPUTS.c.length + bindparam("grown", type_=OUTPUTS.c.length.type),
-            updated_at=bindparam("now", type_=OUTPUTS.c.updated_at.type),
+            text=OUTPUTS.c.text + bindparam("text", None, type_=OUTPUTS.c.text.type),
+            length=OUTPUTS.c.length + bindparam("grown", None, type_=OUTPUTS.c.length.type),
+            updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
         )
     )
 
@@ -151,25 +164,16 @@ def reset_output(tx: WriteTx, job: Job, now: datetime) -> None:
     cleared = statement.run(tx, {"job_id": job.job_id, "attempt": job.attempt, "now": now})
     if cleared is None:
         return
-    log_event(
-        tx,
-        EventType.OUTPUT_RESET,
-        job_id=job.job_id,
-        prompt_id=job.prompt_id,
-        org=job.org,
-        author=job.author,
-        state=job.state,
-        data={"job_id": job.job_id, "attempt": job.attempt},
-        now=now,
-    )
+    data = {"job_id": job.job_id, "attempt": job.attempt}
+    log_event(tx, EventType.OUTPUT_RESET, job, data, now)
 
 
 def _reset_statement() -> Any:
-    attempt = bindparam("attempt", type_=OUTPUTS.c.attempt.type)
+    attempt = bindparam("attempt", None, type_=OUTPUTS.c.attempt.type)
     return (
         update(OUTPUTS)
         .where(
-            OUTPUTS.c.job_id == bindparam("job_id"),
+            OUTPUTS.c.job_id == bindparam("job_id", None),
             OUTPUTS.c.attempt < attempt,
             OUTPUTS.c.length > 0,
         )
@@ -177,9 +181,32 @@ def _reset_statement() -> Any:
             attempt=attempt,
             text="",
             length=0,
-            updated_at=bindparam("now", type_=OUTPUTS.c.updated_at.type),
+            updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
         )
         .returning(OUTPUTS.c.job_id)
+    )
+
+
+def _record_statement(postgresql: bool) -> Any:
+    dialect_insert = pg_insert if postgresql else sqlite_insert
+    return dialect_insert(ATTEMPTS).on_conflict_do_nothing().returning(ATTEMPTS.c.job_id)
+
+
+def _add_usage_statement() -> Any:
+    settled = JOBS.c.state.in_(TERMINAL)
+    event_id = bindparam("event_id", None, type_=JOBS.c.last_event_id.type)
+    return (
+        update(JOBS)
+        .where(JOBS.c.job_id == bindparam("job_id", None))
+        .values(
+            input_tokens=JOBS.c.input_tokens + bindparam("input_tokens", None, type_=Integer()),
+            output_tokens=JOBS.c.output_tokens + bindparam("output_tokens", None, type_=Integer()),
+            # NULL (unknown) stays NULL once any attempt's cost is unknown.
+            cost_usd=JOBS.c.cost_usd + bindparam("cost", None, type_=JOBS.c.cost_usd.type),
+            # A settled row's change is an event of its own (job.usage).
+            last_event_id=case((settled, event_id), else_=JOBS.c.last_event_id),
+        )
+        .returning(*JOBS.c)
     )
 
 
@@ -188,44 +215,24 @@ def record_attempt(tx: WriteTx, usage: AttemptUsage, now: datetime) -> Job | Non
     or None if the attempt was recorded before. A job that has already settled (a cancelled
     call's last tokens come after the cancel) gets a `job.usage` event with the new sums;
     otherwise the next transition's event carries them."""
-    dialect_insert = pg_insert if tx.postgresql else sqlite_insert
-    inserted = tx.execute(
-        dialect_insert(ATTEMPTS)
-        .values(**asdict(usage))
-        .on_conflict_do_nothing()
-        .returning(ATTEMPTS.c.job_id)
-    ).first()
-    if inserted is None:
+    record = prepared(tx, ("record_attempt",), lambda: _record_statement(tx.postgresql))
+    if record.run(tx, asdict(usage)) is None:
         return None
     event_id = tx.next_event_id()
-    settled = JOBS.c.state.in_(TERMINAL)
-    row = tx.execute(
-        update(JOBS)
-        .where(JOBS.c.job_id == usage.job_id)
-        .values(
-            input_tokens=JOBS.c.input_tokens + (usage.input_tokens or 0),
-            output_tokens=JOBS.c.output_tokens + (usage.output_tokens or 0),
-            # NULL (unknown) stays NULL once any attempt's cost is unknown.
-            cost_usd=JOBS.c.cost_usd
-            + bindparam("cost", usage.cost_usd, type_=JOBS.c.cost_usd.type),
-            last_event_id=case((settled, event_id), else_=JOBS.c.last_event_id),
-        )
-        .returning(*JOBS.c)
-    ).first()
+    add = prepared(tx, ("add_usage",), _add_usage_statement)
+    row = add.run(
+        tx,
+        {
+            "job_id": usage.job_id,
+            "input_tokens": usage.input_tokens or 0,
+            "output_tokens": usage.output_tokens or 0,
+            "cost": usage.cost_usd,
+            "event_id": event_id,
+        },
+    )
     if row is None:
         return None
-    job = Job(**row._mapping)
+    job = Job(**row)
     if job.state in TERMINAL:
-        log_event(
-            tx,
-            EventType.USAGE,
-            job_id=job.job_id,
-            prompt_id=job.prompt_id,
-            org=job.org,
-            author=job.author,
-            state=job.state,
-            data=job_row(job),
-            now=now,
-            event_id=event_id,
-        )
+        append_event(tx, job, event_id, now, EventType.USAGE)
     return job

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import WriteTx
 from projections.errors import IdempotencyConflict, InvalidState, NotFound, RetryLimit
-from projections.event_log import prepared, utcnow
+from projections.event_log import append_event, prepared, utcnow
 from projections.ids import new_job_id, new_prompt_id
 from projections.lifecycle import JobState
 from projections.models import Base, Job, Prompt, PromptParent, job_options
@@ -25,7 +25,6 @@ from projections.projector import (
     JOBS,
     Projector,
     Transition,
-    append_event,
     current,
     share_prompts_with_archive,
     transition,

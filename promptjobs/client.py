@@ -25,8 +25,13 @@ from pydantic import BaseModel, ValidationError
 from api.problems import PROBLEM_JSON, ProblemDetails
 from api.schemas import (
     Accepted,
+    AttemptList,
+    AttemptOut,
     JobList,
     JobOut,
+    OutputChunk,
+    OutputOut,
+    OutputReset,
     PromptList,
     PromptOut,
     ResponseOut,
@@ -42,10 +47,14 @@ __all__ = [
     "Accepted",
     "AsyncJob",
     "AsyncPromptJobs",
+    "AttemptOut",
     "Event",
     "Job",
     "JobList",
     "JobOut",
+    "OutputChunk",
+    "OutputOut",
+    "OutputReset",
     "PromptJobs",
     "PromptJobsError",
     "PromptOut",
@@ -58,6 +67,8 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 
 STATE_CHANGED = "job.state_changed"
+OUTPUT = "job.output"
+OUTPUT_RESET = "job.output_reset"
 # Statuses that mean "the server did nothing; ask again later".
 RETRY_STATUSES = frozenset({429, 503})
 SILENT_STREAM_S = 60.0
@@ -191,6 +202,10 @@ def submit_call(
     return Call("POST", "/v1/prompts", json=body, headers={"Idempotency-Key": key})
 
 
+def output_call(job_id: str, since: int) -> Call:
+    return Call("GET", f"/v1/jobs/{job_id}/output", params={"since": str(since)})
+
+
 def action_call(job_id: str, action: str, body: dict[str, Any] | None = None) -> Call:
     # Not replayable: a cancel or retry that did land answers 409 the second time.
     return Call("POST", f"/v1/jobs/{job_id}/{action}", json=body, replayable=False)
@@ -234,6 +249,14 @@ def state_event(sse: ServerSentEvent) -> Event | None:
     if sse.event != STATE_CHANGED or not sse.data:
         return None
     return Event(id=sse.id, type=sse.event, job=JobOut.model_validate_json(sse.data))
+
+
+def output_piece(sse: ServerSentEvent) -> OutputChunk | OutputReset | None:
+    if sse.event == OUTPUT and sse.data:
+        return OutputChunk.model_validate_json(sse.data)
+    if sse.event == OUTPUT_RESET and sse.data:
+        return OutputReset.model_validate_json(sse.data)
+    return None
 
 
 class EventDecoder:
@@ -406,6 +429,14 @@ class PromptJobs:
     def response(self, response_id: str) -> ResponseOut:
         return parsed(self._send(Call("GET", f"/v1/responses/{response_id}")), ResponseOut)
 
+    def output(self, job_id: str, since: int = 0) -> OutputOut:
+        """The text the job's current attempt has streamed, from character `since` on."""
+        return parsed(self._send(output_call(job_id, since)), OutputOut)
+
+    def attempts(self, job_id: str) -> list[AttemptOut]:
+        """Each ended attempt: outcome, model, tokens, cost, time to first token."""
+        return parsed(self._send(Call("GET", f"/v1/jobs/{job_id}/attempts")), AttemptList).attempts
+
     def cancel(self, job_id: str) -> JobOut:
         return parsed(self._send(action_call(job_id, "cancel")), JobOut)
 
@@ -449,6 +480,21 @@ class PromptJobs:
         """Your jobs' state changes over SSE, live, for as long as you iterate. A dropped
         stream is resumed with `Last-Event-ID`: no gap, no repeat. `until` (a
         `time.monotonic()` value) ends the iteration then, even on an idle stream."""
+        for sse in self.messages(since, job_id=job_id, prompt_id=prompt_id, until=until):
+            event = state_event(sse)
+            if event is not None:
+                yield event
+
+    def messages(
+        self,
+        since: str | None = None,
+        *,
+        job_id: str | None = None,
+        prompt_id: str | None = None,
+        until: float | None = None,
+    ) -> Iterator[ServerSentEvent]:
+        """Every event of `GET /v1/events` (state changes, output, resets, usage), as
+        `events()` reads them: resumed across drops with no gap and no repeat."""
         cursor = since
         retry = 0
         while until is None or time.monotonic() < until:
@@ -487,13 +533,11 @@ class PromptJobs:
                         if until is not None and time.monotonic() >= until:
                             return
                         sse = decoder.line(line)
-                        if sse is None:
+                        if sse is None or not sse.id:
                             continue
                         retry = 0
-                        event = state_event(sse)
-                        if event is not None:
-                            cursor = event.id
-                            yield event
+                        cursor = sse.id
+                        yield sse
             except httpx.TransportError as err:
                 if until is not None and time.monotonic() >= until:
                     return
@@ -522,6 +566,18 @@ class Job:
         for event in self.client.events("0", job_id=self.id, until=until):
             yield event.job
             if is_terminal(event.job):
+                return
+
+    def stream(self, *, until: float | None = None) -> Iterator[OutputChunk | OutputReset]:
+        """The job's text as it is produced, from its start, until it is settled: each
+        `OutputChunk` goes on from where the last ended (`offset`); an `OutputReset` means
+        a new attempt starts over, so drop what you have. Over SSE, resumed across drops."""
+        for sse in self.client.messages("0", job_id=self.id, until=until):
+            piece = output_piece(sse)
+            if piece is not None:
+                yield piece
+            event = state_event(sse)
+            if event is not None and is_terminal(event.job):
                 return
 
     def wait(self, timeout: float | None = None) -> JobOut:
@@ -562,6 +618,13 @@ class Job:
         return self.client.retry(
             self.id, options=options, priority=priority, max_attempts=max_attempts
         )
+
+    def output(self, since: int = 0) -> OutputOut:
+        """What the current attempt has streamed so far, from character `since` on."""
+        return self.client.output(self.id, since)
+
+    def attempts(self) -> list[AttemptOut]:
+        return self.client.attempts(self.id)
 
     def response(self) -> ResponseOut:
         """The response of a succeeded job; an `APIError` 409 `not_succeeded` otherwise."""
@@ -674,6 +737,13 @@ class AsyncPromptJobs:
     async def response(self, response_id: str) -> ResponseOut:
         return parsed(await self._send(Call("GET", f"/v1/responses/{response_id}")), ResponseOut)
 
+    async def output(self, job_id: str, since: int = 0) -> OutputOut:
+        return parsed(await self._send(output_call(job_id, since)), OutputOut)
+
+    async def attempts(self, job_id: str) -> list[AttemptOut]:
+        call = Call("GET", f"/v1/jobs/{job_id}/attempts")
+        return parsed(await self._send(call), AttemptList).attempts
+
     async def cancel(self, job_id: str) -> JobOut:
         return parsed(await self._send(action_call(job_id, "cancel")), JobOut)
 
@@ -710,6 +780,19 @@ class AsyncPromptJobs:
         prompt_id: str | None = None,
     ) -> AsyncIterator[Event]:
         """As `PromptJobs.events`; bound the wait with `asyncio.timeout` around the loop."""
+        async for sse in self.messages(since, job_id=job_id, prompt_id=prompt_id):
+            event = state_event(sse)
+            if event is not None:
+                yield event
+
+    async def messages(
+        self,
+        since: str | None = None,
+        *,
+        job_id: str | None = None,
+        prompt_id: str | None = None,
+    ) -> AsyncIterator[ServerSentEvent]:
+        """As `PromptJobs.messages`."""
         cursor = since
         retry = 0
         while True:
@@ -735,11 +818,11 @@ class AsyncPromptJobs:
                     if problem is not None:
                         raise problem
                     async for sse in source.aiter_sse():
+                        if not sse.id:
+                            continue
                         retry = 0
-                        event = state_event(sse)
-                        if event is not None:
-                            cursor = event.id
-                            yield event
+                        cursor = sse.id
+                        yield sse
             except httpx.TransportError as err:
                 wait = self.retry_policy.delay(retry, None)
                 if wait is None:
@@ -763,6 +846,16 @@ class AsyncJob:
         async for event in self.client.events("0", job_id=self.id):
             yield event.job
             if is_terminal(event.job):
+                return
+
+    async def stream(self) -> AsyncIterator[OutputChunk | OutputReset]:
+        """As `Job.stream`."""
+        async for sse in self.client.messages("0", job_id=self.id):
+            piece = output_piece(sse)
+            if piece is not None:
+                yield piece
+            event = state_event(sse)
+            if event is not None and is_terminal(event.job):
                 return
 
     async def wait(self, timeout: float | None = None) -> JobOut:
@@ -801,6 +894,12 @@ class AsyncJob:
         return await self.client.retry(
             self.id, options=options, priority=priority, max_attempts=max_attempts
         )
+
+    async def output(self, since: int = 0) -> OutputOut:
+        return await self.client.output(self.id, since)
+
+    async def attempts(self) -> list[AttemptOut]:
+        return await self.client.attempts(self.id)
 
     async def response(self) -> ResponseOut:
         job = await self.get()

@@ -24,6 +24,8 @@ from promptjobs.client import (
     APIConnectionError,
     APIError,
     AsyncPromptJobs,
+    OutputChunk,
+    OutputReset,
     PromptJobs,
     RetryPolicy,
     WaitTimeout,
@@ -52,6 +54,12 @@ async def test_every_sync_client_call_works_against_the_live_api(stack: Stack) -
             response = job.response()
             assert response.job_id == job.id and response.text
             assert client.response(response.response_id) == response
+            # What it streamed is the response; what it consumed, per attempt.
+            output = job.output()
+            assert (output.text, output.done) == (response.text, True)
+            assert job.output(since=3).text == response.text[3:]
+            [attempt] = job.attempts()
+            assert attempt.outcome == "succeeded" and attempt.cost_usd == done.cost_usd == 0.0
             assert client.job(job.id).get() == done
 
             prompt = client.prompt(job.prompt_id)
@@ -111,6 +119,42 @@ async def test_every_sync_client_call_works_against_the_live_api(stack: Stack) -
     await asyncio.to_thread(scenario)
 
 
+STORY = "a story told a word at a time, so that a reader can watch it grow on the page"
+
+
+def gathered(pieces: list[OutputChunk | OutputReset]) -> str:
+    """The text a reader of `job.stream()` ends with: each piece goes on where the last
+    ended, a reset starts over."""
+    text = ""
+    for piece in pieces:
+        if isinstance(piece, OutputReset):
+            text = ""
+        else:
+            assert piece.offset == len(text)
+            text += piece.text
+    return text
+
+
+async def test_the_client_streams_a_jobs_text_as_it_grows(stack: Stack) -> None:
+    slow = {"fake": {"latency_ms": 1500}}
+
+    def scenario() -> None:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            job = client.submit(STORY, options=slow)
+            pieces = list(job.stream(until=time.monotonic() + 30))
+            assert len(pieces) > 2
+            assert gathered(pieces) == job.response().text
+            # Read again after the job settled: the same text, from the log.
+            assert gathered(list(job.stream(until=time.monotonic() + 30))) == job.output().text
+
+    await asyncio.to_thread(scenario)
+    async with AsyncPromptJobs(stack.base_url, stack.api_key) as client:
+        job = await client.submit(STORY, options=slow)
+        async with asyncio.timeout(30):
+            pieces = [piece async for piece in job.stream()]
+        assert gathered(pieces) == (await job.response()).text
+
+
 async def test_client_errors_carry_the_problem_details(stack: Stack) -> None:
     def scenario() -> None:
         with PromptJobs(stack.base_url, stack.api_key) as client:
@@ -160,6 +204,8 @@ async def test_every_async_client_call_works_against_the_live_api(stack: Stack) 
         assert done.state is JobState.SUCCEEDED
         assert [row.state async for row in job.events()][-1] is JobState.SUCCEEDED
         assert (await job.response()).job_id == job.id
+        assert (await job.output()).text == (await job.response()).text
+        assert [a.attempt for a in await job.attempts()] == [1]
         assert (await client.prompt(done.prompt_id)).jobs[0].job_id == job.id
         assert (await client.job(job.id).get()) == done
         again = await job.retry(priority=3)

@@ -19,9 +19,10 @@ from sqlalchemy import event, update
 from temporalio.testing import WorkflowEnvironment
 
 from projections.db import WriteTx
+from projections.event_log import append_event, utcnow
 from projections.keys import create_key
 from projections.models import ApiKey
-from projections.projector import append_event, current, utcnow
+from projections.projector import current
 from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import open_projection
