@@ -502,17 +502,37 @@ class Prepared:
 
     def run(self, tx: WriteTx, params: dict[str, Any]) -> dict[str, Any] | None:
         """Execute with `params` (bind names to values); the returned row as a dict, if any."""
+        row = self._execute(tx, [self._bound(params)], many=False)
+        if row is None:
+            return None
+        return {
+            key: (process(value) if process else value)
+            for (key, process), value in zip(self.returning, row, strict=True)
+        }
+
+    def run_many(self, tx: WriteTx, params: list[dict[str, Any]]) -> None:
+        """Execute once per parameter set, in one call (psycopg pipelines it: one round
+        trip, not one per row). For statements that return nothing."""
+        if params:
+            self._execute(tx, [self._bound(p) for p in params], many=True)
+
+    def _bound(self, params: dict[str, Any]) -> Any:
         values = {
             name: (process(value) if (process := self.binds.get(name)) else value)
             for name, value in (self.defaults | params).items()
         }
-        bound: Any = values if self.positional is None else [values[n] for n in self.positional]
+        return values if self.positional is None else [values[n] for n in self.positional]
+
+    def _execute(self, tx: WriteTx, bound: list[Any], *, many: bool) -> Any:
         dbapi_connection: Any = tx.conn.connection.dbapi_connection
         cursor = dbapi_connection.cursor()
         dialect = tx.conn.dialect
         try:
-            cursor.execute(self.sql, bound)
-            row = cursor.fetchone() if self.returning else None
+            if many:
+                cursor.executemany(self.sql, bound)
+                return None
+            cursor.execute(self.sql, bound[0])
+            return cursor.fetchone() if self.returning else None
         except dialect.loaded_dbapi.Error as err:
             # As SQLAlchemy's own execute raises it: IntegrityError, OperationalError, … with
             # a dropped connection marked invalidated (and dropped from the pool).
@@ -530,9 +550,3 @@ class Prepared:
         finally:
             with suppress(dialect.loaded_dbapi.Error):
                 cursor.close()
-        if row is None:
-            return None
-        return {
-            key: (process(value) if process else value)
-            for (key, process), value in zip(self.returning, row, strict=True)
-        }

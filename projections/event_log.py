@@ -74,6 +74,30 @@ def log_event(
     return event_id
 
 
+def log_events(
+    tx: WriteTx, kind: EventType, events: list[tuple[Logged, dict[str, Any]]], now: datetime
+) -> None:
+    """Append many events of one kind in one call, with the transaction's next ids in order."""
+    rows = []
+    for job, data in events:
+        event_id = tx.next_event_id()
+        tx.used_event_id(event_id)
+        rows.append(
+            {
+                "id": event_id,
+                "type": kind.value,
+                "job_id": job.job_id,
+                "prompt_id": job.prompt_id,
+                "org": job.org,
+                "author": job.author,
+                "state": job.state,
+                "data": data,
+                "created_at": now,
+            }
+        )
+    prepared(tx, ("append_event",), lambda: insert(EVENTS)).run_many(tx, rows)
+
+
 def append_event(
     tx: WriteTx,
     job: Job,

@@ -34,7 +34,7 @@ from projections.streams import (
     AttemptUsage,
     OutputBatch,
     OutputWritten,
-    append_output,
+    append_outputs,
     record_attempt,
     reset_output,
 )
@@ -237,7 +237,7 @@ class Projector:
 
         def write(tx: WriteTx) -> list[OutputWritten]:
             now = utcnow()
-            return [append_output(tx, batch, now) for batch in batches]
+            return append_outputs(tx, batches, now)
 
         written = await self.writes.run(write)
         if any(w.applied for w in written) and self.on_commit is not None:
@@ -337,7 +337,7 @@ def _end_attempt(
     """An attempt's last text and its usage record; whether either logged an event."""
     events = tx.last_event_id
     if tail is not None:
-        append_output(tx, tail, now)
+        append_outputs(tx, [tail], now)
     if usage is not None:
         record_attempt(tx, usage, now)
     return tx.last_event_id != events

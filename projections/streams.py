@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from projections.db import WriteTx
-from projections.event_log import append_event, log_event, prepared
+from projections.event_log import append_event, log_event, log_events, prepared
 from projections.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.models import Attempt, Base, Job, JobOutput
 
@@ -65,61 +65,84 @@ class AttemptUsage:
     ended_at: datetime
 
 
-def append_output(tx: WriteTx, batch: OutputBatch, now: datetime) -> OutputWritten:
-    """Append `batch` to the job's output if it is the next text of the job's current
-    attempt, and log it. The job row is read with the output (and on PostgreSQL
-    share-locked, so no transition commits between the check and the append)."""
-    read = prepared(tx, ("read_output",), lambda: _read_statement(tx.postgresql))
-    found = read.run(tx, {"job_id": batch.job_id})
-    if found is None:
-        return OutputWritten(False, False)
-    job = SimpleNamespace(**found)
-    running = job.state is JobState.RUNNING and job.attempt == batch.attempt
+def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> list[OutputWritten]:
+    """Append each batch to its job's output if it is the next text of the job's current
+    attempt, and log it; whatever the number of jobs, a handful of statements: one read of
+    the jobs with their output (on PostgreSQL share-locking the job rows, so no transition
+    commits between the check and the append), then each kind of write in one call."""
+    ids = sorted({batch.job_id for batch in batches})  # one lock order for every writer
+    read = select(
+        JOBS.c.job_id,
+        JOBS.c.state,
+        JOBS.c.attempt,
+        JOBS.c.prompt_id,
+        JOBS.c.org,
+        JOBS.c.author,
+        OUTPUTS.c.attempt.label("output_attempt"),
+        OUTPUTS.c.length.label("output_length"),
+    ).select_from(JOBS.outerjoin(OUTPUTS, OUTPUTS.c.job_id == JOBS.c.job_id))
+    read = read.where(JOBS.c.job_id.in_(ids))
+    if tx.postgresql:
+        read = read.with_for_update(read=True, of=JOBS)
+    jobs = {row.job_id: SimpleNamespace(**row._mapping) for row in tx.execute(read)}
+    writes: dict[str, list[dict[str, Any]]] = {"insert": [], "replace": [], "append": []}
+    logged: list[tuple[Any, dict[str, Any]]] = []
+    results = []
+    for batch in batches:
+        job = jobs.get(batch.job_id)
+        if job is None:
+            results.append(OutputWritten(False, False))
+            continue
+        running = job.state is JobState.RUNNING and job.attempt == batch.attempt
+        placed = _place(job, batch)
+        if placed is None:
+            results.append(OutputWritten(False, running))
+            continue
+        how, batch = placed
+        writes[how].append(
+            {
+                "job_id": batch.job_id,
+                "attempt": batch.attempt,
+                "text": batch.text,
+                "length": len(batch.text),
+                "now": now,
+            }
+        )
+        # The next batch of the same job (a later flush in one transaction) goes on from here.
+        job.output_attempt, job.output_length = batch.attempt, batch.offset + len(batch.text)
+        data = {"job_id": batch.job_id, "attempt": batch.attempt, "offset": batch.offset}
+        logged.append((job, {**data, "text": batch.text}))
+        results.append(OutputWritten(True, running))
+    for how, build in (
+        ("insert", _insert_statement),
+        ("replace", _replace_statement),
+        ("append", _append_statement),
+    ):
+        prepared(tx, (f"{how}_output",), build).run_many(tx, writes[how])
+    log_events(tx, EventType.OUTPUT, logged, now)
+    return results
+
+
+def _place(job: Any, batch: OutputBatch) -> tuple[str, OutputBatch] | None:
+    """How `batch` joins the job's stored output: ("insert" | "replace" | "append", the
+    batch as written), or None if it does not belong (a stale attempt, a settled job, text
+    already stored whole, or a gap)."""
     if job.attempt != batch.attempt or job.state not in OUTPUT_STATES or not batch.text:
-        return OutputWritten(False, running)
-    have_attempt, have_length = job.output_attempt, job.output_length
-    values = {"job_id": batch.job_id, "attempt": batch.attempt, "now": now}
-    if have_attempt is None and batch.offset == 0:
-        insert_first = prepared(tx, ("insert_output",), _insert_statement)
-        insert_first.run(tx, {**values, "text": batch.text, "length": len(batch.text)})
-    elif have_attempt is not None and have_attempt < batch.attempt and batch.offset == 0:
+        return None
+    if job.output_attempt is None:
+        return ("insert", batch) if batch.offset == 0 else None
+    if job.output_attempt < batch.attempt:
         # An earlier attempt's text that streamed nothing more (no reset was due).
-        replace_old = prepared(tx, ("replace_output",), _replace_statement)
-        replace_old.run(tx, {**values, "text": batch.text, "length": len(batch.text)})
-    elif have_attempt == batch.attempt and batch.offset <= have_length < batch.offset + len(
+        return ("replace", batch) if batch.offset == 0 else None
+    have = job.output_length
+    if job.output_attempt == batch.attempt and batch.offset <= have < batch.offset + len(
         batch.text
     ):
         # The batch goes on from where the text ends; a batch that starts earlier repeats
         # text a write whose commit went unacknowledged already stored: only its rest goes.
-        rest = batch.text[have_length - batch.offset :]
-        batch = OutputBatch(batch.job_id, batch.attempt, have_length, rest)
-        append = prepared(tx, ("append_output",), _append_statement)
-        append.run(tx, {"job_id": batch.job_id, "text": rest, "grown": len(rest), "now": now})
-    else:
-        # Already there whole, or not the next text: the log never holds text twice or out
-        # of place.
-        return OutputWritten(False, running)
-    data = {"job_id": batch.job_id, "attempt": batch.attempt, "offset": batch.offset}
-    log_event(tx, EventType.OUTPUT, job, {**data, "text": batch.text}, now)
-    return OutputWritten(True, running)
-
-
-def _read_statement(postgresql: bool) -> Any:
-    stmt = (
-        select(
-            JOBS.c.job_id,
-            JOBS.c.state,
-            JOBS.c.attempt,
-            JOBS.c.prompt_id,
-            JOBS.c.org,
-            JOBS.c.author,
-            OUTPUTS.c.attempt.label("output_attempt"),
-            OUTPUTS.c.length.label("output_length"),
-        )
-        .select_from(JOBS.outerjoin(OUTPUTS, OUTPUTS.c.job_id == JOBS.c.job_id))
-        .where(JOBS.c.job_id == bindparam("job_id", None))
-    )
-    return stmt.with_for_update(read=True, of=JOBS) if postgresql else stmt
+        rest = batch.text[have - batch.offset :]
+        return "append", OutputBatch(batch.job_id, batch.attempt, have, rest)
+    return None
 
 
 def _insert_statement() -> Any:
@@ -151,7 +174,7 @@ def _append_statement() -> Any:
         .where(OUTPUTS.c.job_id == bindparam("job_id", None))
         .values(
             text=OUTPUTS.c.text + bindparam("text", None, type_=OUTPUTS.c.text.type),
-            length=OUTPUTS.c.length + bindparam("grown", None, type_=OUTPUTS.c.length.type),
+            length=OUTPUTS.c.length + bindparam("length", None, type_=OUTPUTS.c.length.type),
             updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
         )
     )

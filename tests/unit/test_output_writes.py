@@ -116,3 +116,27 @@ async def test_usage_is_recorded_once_and_an_unknown_cost_stays_unknown(
     assert row.last_event_id == last.id
     _job, attempts = await projection.store.attempts(ALICE, job_id)
     assert [(a.attempt, a.cost_usd) for a in attempts] == [(1, 0.25), (2, None)]
+
+
+async def test_one_flush_writes_the_text_of_many_jobs(projection: Projection) -> None:
+    first, second = await running_job(projection), await running_job(projection)
+    written = await projection.projector.append_outputs(
+        [
+            OutputBatch(first, 1, 0, "one "),
+            OutputBatch(second, 1, 0, "two "),
+            OutputBatch(first, 1, 4, "three"),  # the same job again, later in the flush
+            OutputBatch(second, 2, 0, "stale"),  # not the attempt its row runs
+            OutputBatch("job_gone", 1, 0, "?"),
+        ]
+    )
+    assert [(w.applied, w.running) for w in written] == [
+        (True, True),
+        (True, True),
+        (True, True),
+        (False, False),
+        (False, False),
+    ]
+    assert await text_of(projection, first) == (1, "one three")
+    assert await text_of(projection, second) == (1, "two ")
+    logged = await projection.store.job_events(ALICE, first, kinds=(EventType.OUTPUT,))
+    assert [e.data["offset"] for e in logged] == [0, 4]
