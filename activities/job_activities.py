@@ -132,7 +132,7 @@ class AttemptMeter:
         model = result.model if result else adapters.model_of(options)
         given_in = result.input_tokens if result else output.input_tokens
         given_out = result.output_tokens if result else output.output_tokens
-        estimated = bool(result and result.usage_estimated)
+        estimated = output.usage_estimated or bool(result and result.usage_estimated)
         if given_in is None:
             system = str(options.get("system") or "")
             given_in, estimated = estimate_tokens(system + self.request.prompt), True

@@ -38,6 +38,7 @@ class StreamedOutput:
         self.first_delta_at: float | None = None  # time.monotonic()
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
+        self.usage_estimated = False
         self._on_delta = on_delta
 
     def delta(self, text: str) -> None:
@@ -52,12 +53,20 @@ class StreamedOutput:
         if self._on_delta is not None:
             self._on_delta()
 
-    def usage(self, *, input_tokens: int | None = None, output_tokens: int | None = None) -> None:
-        """The provider's own counts, as far as it has given them (None: not said)."""
+    def usage(
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        estimated: bool = False,
+    ) -> None:
+        """The provider's own counts, as far as it has given them (None: not said);
+        `estimated`: the adapter counted them itself (the fake's words)."""
         if input_tokens is not None:
             self.input_tokens = input_tokens
         if output_tokens is not None:
             self.output_tokens = output_tokens
+        self.usage_estimated = self.usage_estimated or estimated
 
     @property
     def text(self) -> str:

@@ -75,12 +75,14 @@ class FakeAdapter:
             if failing in MID_STREAM
             else []
         )
-        for chunk in streamed:
+        # Counted as it goes, not a tokenizer's: a word stands for a token. Said at once, as a
+        # stream cut midway (a cancel) keeps what was counted so far.
+        output.usage(input_tokens=len(request.prompt.split()), output_tokens=0, estimated=True)
+        for sent, chunk in enumerate(streamed, start=1):
             if pause_s:
                 await asyncio.sleep(pause_s)
             output.delta(chunk)
-        # Counted, not a tokenizer's: a word stands for a token.
-        output.usage(input_tokens=len(request.prompt.split()), output_tokens=len(streamed))
+            output.usage(output_tokens=sent, estimated=True)
         if failing is not None:
             if pause_s:
                 await asyncio.sleep(pause_s * (len(chunks) - len(streamed)))
