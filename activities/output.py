@@ -49,6 +49,8 @@ class AttemptStream:
     stopped: str | None = None
     # Text arrived since the last flush and the flusher knows it.
     armed: bool = False
+    # Set while a write of this stream's text is on its way (at most one at a time).
+    in_flight: asyncio.Event | None = None
 
     @property
     def pending(self) -> int:
@@ -81,8 +83,10 @@ class OutputStreams:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
-        # Held while a batch is being written, so `close` never races a flush of its stream.
-        self._writing = asyncio.Lock()
+        # Writes on their way: several at once, each of other streams, so text that comes
+        # while one is in flight need not wait for it (the process's GroupCommit puts what
+        # queues together into one transaction).
+        self._in_flight: set[asyncio.Task[None]] = set()
         self.writes = 0  # transactions written (the benchmark reads it)
         self._failed_writes = 0
         self._failed_watches = 0
@@ -106,8 +110,9 @@ class OutputStreams:
     async def close(self, stream: AttemptStream) -> OutputBatch | None:
         """The attempt is over: stop flushing it, and hand back what is not written yet (the
         caller writes it with the attempt's end, in the same transaction)."""
-        async with self._writing:
-            self._streams.discard(stream)
+        self._streams.discard(stream)  # no new write of it starts from here on
+        if stream.in_flight is not None:
+            await stream.in_flight.wait()
         if stream.pending <= 0:
             return None
         return OutputBatch(
@@ -127,11 +132,12 @@ class OutputStreams:
         while self._streams:
             self._wake.clear()  # before looking: a delta from now on wakes the wait below
             now = time.monotonic()
-            due = [s for s in self._streams if s.pending > 0 and self._is_due(s, now)]
+            idle = [s for s in self._streams if s.in_flight is None]
+            due = [s for s in idle if s.pending > 0 and self._is_due(s, now)]
             if due:
-                await self._write(due)
+                self._start_write(due, now)
                 continue
-            waiting = [s.last_flush_at + self.flush_s - now for s in self._streams if s.pending]
+            waiting = [s.last_flush_at + self.flush_s - now for s in idle if s.pending]
             try:
                 timeout = max(0.0, min(waiting)) if waiting else self.flush_s
                 async with asyncio.timeout(timeout):
@@ -142,40 +148,46 @@ class OutputStreams:
     def _is_due(self, stream: AttemptStream, now: float) -> bool:
         return stream.pending >= self.flush_chars or now - stream.last_flush_at >= self.flush_s
 
-    async def _write(self, due: list[AttemptStream]) -> None:
-        async with self._writing:
-            due = [s for s in due if s in self._streams]
-            batches = [
-                OutputBatch(s.job_id, s.attempt, s.flushed, s.output.since(s.flushed)) for s in due
-            ]
-            if not batches:
-                return
-            started = time.monotonic()
-            try:
-                written = await self._append(batches)
-            except Exception as err:
-                # The text stays in memory: a later flush writes it, or the attempt's end
-                # does, waiting out an outage there (so an attempt never waits on this lock
-                # for longer than one write).
-                self._failed_writes += 1
-                if self._failed_writes == 1 or self._failed_writes % 50 == 0:
-                    log.warning(
-                        "cannot write streamed output of %d job(s) (try %d), keeping it: %s",
-                        len(due),
-                        self._failed_writes,
-                        err.__class__.__name__,
-                    )
-                for stream in due:
-                    stream.last_flush_at = started  # not again before the interval
-                return
+    def _start_write(self, due: list[AttemptStream], now: float) -> None:
+        batches = [
+            OutputBatch(s.job_id, s.attempt, s.flushed, s.output.since(s.flushed)) for s in due
+        ]
+        for stream in due:
+            stream.in_flight = asyncio.Event()
+            stream.last_flush_at = now  # the interval counts from a write's start
+        task = asyncio.create_task(self._write(due, batches))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _write(self, due: list[AttemptStream], batches: list[OutputBatch]) -> None:
+        try:
+            written = await self._append(batches)
+        except Exception as err:
+            # The text stays in memory: a later flush writes it, or the attempt's end does,
+            # waiting out an outage there (so an attempt never waits on a flush for longer
+            # than one write).
+            self._failed_writes += 1
+            if self._failed_writes == 1 or self._failed_writes % 50 == 0:
+                log.warning(
+                    "cannot write streamed output of %d job(s) (try %d), keeping it: %s",
+                    len(due),
+                    self._failed_writes,
+                    err.__class__.__name__,
+                )
+            written = None
+        else:
             self._failed_writes = 0
             self.writes += 1
-            for stream, batch, result in zip(due, batches, written, strict=True):
-                stream.flushed = batch.offset + len(batch.text)
-                stream.last_flush_at = started
-                stream.armed = stream.pending > 0
-                if not result.running:
+        for i, stream in enumerate(due):
+            if written is not None:
+                stream.flushed = batches[i].offset + len(batches[i].text)
+                if not written[i].running:
                     stream.stop("the job is no longer running this attempt")
+            stream.armed = stream.pending > 0
+            assert stream.in_flight is not None
+            stream.in_flight.set()
+            stream.in_flight = None
+        self._wake.set()  # what came meanwhile is the loop's to schedule
 
     # -- the watch ------------------------------------------------------------------------
 
