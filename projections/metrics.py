@@ -79,9 +79,24 @@ def count_transitions(committed: list[tuple[str, str]]) -> None:
         TRANSITIONS.labels(state=state, error_kind=kind).inc()
 
 
+# A job's options name its model, so any tenant could mint label values: past this many
+# distinct models a process counts the rest under "other" (a scrape stays bounded).
+MAX_MODEL_LABELS = 200
+_models: set[str] = set()
+
+
+def model_label(model: str) -> str:
+    if model in _models:
+        return model
+    if len(_models) < MAX_MODEL_LABELS:
+        _models.add(model)
+        return model
+    return "other"
+
+
 def count_usage(usage: AttemptUsage, org: str) -> None:
     """Count one recorded attempt's tokens and cost."""
-    labels = {"provider": usage.provider, "model": usage.model, "org": org}
+    labels = {"provider": usage.provider, "model": model_label(usage.model), "org": org}
     TOKENS.labels(direction="input", **labels).inc(usage.input_tokens or 0)
     TOKENS.labels(direction="output", **labels).inc(usage.output_tokens or 0)
     if usage.cost_usd is None:
