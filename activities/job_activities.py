@@ -116,16 +116,18 @@ class AttemptMeter:
     """Times one attempt and makes its usage record: the provider's counts where it gave
     them, estimates where it did not (flagged), and the cost by the worker's price table."""
 
-    def __init__(self, owner: JobActivities, org: str, request: AdapterRequest) -> None:
+    def __init__(
+        self, owner: JobActivities, org: str, request: AdapterRequest, output: StreamedOutput
+    ) -> None:
         self.owner = owner
         self.org = org
         self.request = request
+        self.output = output
         self.began = time.monotonic()
         self.began_at = datetime.now(UTC)
 
-    def usage(
-        self, output: StreamedOutput, outcome: str, result: AttemptResult | None = None
-    ) -> AttemptUsage:
+    def usage(self, outcome: str, result: AttemptResult | None = None) -> AttemptUsage:
+        output = self.output
         adapters = self.owner.adapters
         options = self.request.options
         provider = result.provider if result else adapters.provider_of(options)
@@ -266,33 +268,36 @@ class JobActivities:
             attempt=attempt,
             options=job_options(job, prompt),
         )
-        meter = AttemptMeter(self, job.org, request)
         calling: list[asyncio.Task[AttemptResult]] = []
 
         def stop(why: str) -> None:
             calling[0].cancel(why)
 
         stream = self.streams.open(job.job_id, attempt, stop)
+        meter = AttemptMeter(self, job.org, request, stream.output)
         calling.append(asyncio.create_task(self._complete(request, stream.output)))
         try:
-            result = await calling[0]
+            try:
+                result = await calling[0]
+            finally:
+                # No more flushes of it; what it has not written goes with the attempt's end.
+                await self.streams.close(stream)
         except AdapterError as err:
-            tail = await self.streams.close(stream)
-            usage = meter.usage(stream.output, err.kind.value)
-            raise await self._failed_attempt(call, attempt, err, running, tail, usage) from err
+            usage = meter.usage(err.kind.value)
+            raise await self._failed_attempt(
+                call, attempt, err, running, stream.unwritten(), usage
+            ) from err
         except asyncio.CancelledError:
-            tail = await self.streams.close(stream)
             own = asyncio.current_task()
             if stream.stopped is not None and own is not None and not own.cancelling():
                 # Stopped by the job's row, not by Temporal: nobody waits for this call.
-                usage = meter.usage(stream.output, JobState.CANCELLED.value)
-                await self._end_attempt(tail, usage)
+                await self._end_attempt(stream.unwritten(), meter.usage(JobState.CANCELLED.value))
                 raise await self._stopped(call.job_id, attempt, stream.stopped) from None
             if not cut_off_by_shutdown():
                 # The workflow asked: the job is being cancelled. What the call streamed and
                 # consumed is kept, however often the cancel is repeated meanwhile.
-                usage = meter.usage(stream.output, JobState.CANCELLED.value)
-                await asyncio.shield(self._end_attempt(tail, usage))
+                usage = meter.usage(JobState.CANCELLED.value)
+                await asyncio.shield(self._end_attempt(stream.unwritten(), usage))
                 raise
             # The worker's grace period ran out mid-call. Reported as a cancellation this
             # would be refused (nobody asked) and the attempt would idle until its heartbeat
@@ -301,8 +306,10 @@ class JobActivities:
                 ErrorKind.WORKER_CRASH,
                 f"attempt {attempt} cut off: worker {self.worker} shut down mid-call",
             )
-            usage = meter.usage(stream.output, lost.kind.value)
-            raise await self._failed_attempt(call, attempt, lost, running, tail, usage) from None
+            usage = meter.usage(lost.kind.value)
+            raise await self._failed_attempt(
+                call, attempt, lost, running, stream.unwritten(), usage
+            ) from None
         if result.text != stream.output.text:
             if stream.output.length:
                 activity.logger.warning(
@@ -313,8 +320,7 @@ class JobActivities:
                 )
             else:
                 stream.output.delta(result.text)  # an adapter that answered in one piece
-        tail = await self.streams.close(stream)
-        usage = meter.usage(stream.output, JobState.SUCCEEDED.value, result)
+        usage = meter.usage(JobState.SUCCEEDED.value, result)
         outcome = AdapterOutcome(
             **asdict(
                 replace(
@@ -329,7 +335,7 @@ class JobActivities:
             ),
             attempt=attempt,
         )
-        return Succeeded(prompt.prompt_id, outcome, tail, usage)
+        return Succeeded(prompt.prompt_id, outcome, stream.unwritten(), usage)
 
     async def _stopped(self, job_id: str, attempt: int, why: str) -> BaseException:
         """The call was stopped because the row no longer wants it. A settled row ends the

@@ -56,6 +56,12 @@ class AttemptStream:
     def pending(self) -> int:
         return self.output.length - self.flushed
 
+    def unwritten(self) -> OutputBatch | None:
+        """The text not in the projection yet, if any."""
+        if self.pending <= 0:
+            return None
+        return OutputBatch(self.job_id, self.attempt, self.flushed, self.output.since(self.flushed))
+
     def stop(self, why: str) -> None:
         if self.stopped is None:
             self.stopped = why
@@ -87,7 +93,6 @@ class OutputStreams:
         # while one is in flight need not wait for it (the process's GroupCommit puts what
         # queues together into one transaction).
         self._in_flight: set[asyncio.Task[None]] = set()
-        self.writes = 0  # transactions written (the benchmark reads it)
         self._failed_writes = 0
         self._failed_watches = 0
 
@@ -107,17 +112,13 @@ class OutputStreams:
             )
         return stream
 
-    async def close(self, stream: AttemptStream) -> OutputBatch | None:
-        """The attempt is over: stop flushing it, and hand back what is not written yet (the
-        caller writes it with the attempt's end, in the same transaction)."""
+    async def close(self, stream: AttemptStream) -> None:
+        """The attempt is over: stop flushing it, once its write on the way (if any) is done.
+        What it has not written (`stream.unwritten()`) the caller writes with the attempt's
+        end, in the same transaction."""
         self._streams.discard(stream)  # no new write of it starts from here on
         if stream.in_flight is not None:
             await stream.in_flight.wait()
-        if stream.pending <= 0:
-            return None
-        return OutputBatch(
-            stream.job_id, stream.attempt, stream.flushed, stream.output.since(stream.flushed)
-        )
 
     def _delta(self, stream: AttemptStream) -> None:
         # One wake per stream per flush (the flusher then knows when it is due), and one more
@@ -149,9 +150,11 @@ class OutputStreams:
         return stream.pending >= self.flush_chars or now - stream.last_flush_at >= self.flush_s
 
     def _start_write(self, due: list[AttemptStream], now: float) -> None:
-        batches = [
-            OutputBatch(s.job_id, s.attempt, s.flushed, s.output.since(s.flushed)) for s in due
-        ]
+        batches = []
+        for stream in due:
+            batch = stream.unwritten()
+            assert batch is not None, "a due stream has text pending"
+            batches.append(batch)
         for stream in due:
             stream.in_flight = asyncio.Event()
             stream.last_flush_at = now  # the interval counts from a write's start
@@ -177,7 +180,6 @@ class OutputStreams:
             written = None
         else:
             self._failed_writes = 0
-            self.writes += 1
         for i, stream in enumerate(due):
             if written is not None:
                 stream.flushed = batches[i].offset + len(batches[i].text)

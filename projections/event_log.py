@@ -54,48 +54,41 @@ def log_event(
 ) -> int:
     """Append one event of `job`; `event_id`, when the caller already wrote it on the job
     row, must be the transaction's next id (`tx.next_event_id()`)."""
-    event_id = tx.next_event_id() if event_id is None else event_id
-    statement = prepared(tx, ("append_event",), lambda: insert(EVENTS))
-    statement.run(
-        tx,
-        {
-            "id": event_id,
-            "type": kind.value,
-            "job_id": job.job_id,
-            "prompt_id": job.prompt_id,
-            "org": job.org,
-            "author": job.author,
-            "state": job.state,
-            "data": data,
-            "created_at": now,
-        },
-    )
-    tx.used_event_id(event_id)
-    return event_id
+    row = _event_row(tx, kind, job, data, now, event_id)
+    prepared(tx, ("append_event",), lambda: insert(EVENTS)).run(tx, row)
+    return int(row["id"])
 
 
 def log_events(
     tx: WriteTx, kind: EventType, events: list[tuple[Logged, dict[str, Any]]], now: datetime
 ) -> None:
     """Append many events of one kind in one call, with the transaction's next ids in order."""
-    rows = []
-    for job, data in events:
-        event_id = tx.next_event_id()
-        tx.used_event_id(event_id)
-        rows.append(
-            {
-                "id": event_id,
-                "type": kind.value,
-                "job_id": job.job_id,
-                "prompt_id": job.prompt_id,
-                "org": job.org,
-                "author": job.author,
-                "state": job.state,
-                "data": data,
-                "created_at": now,
-            }
-        )
+    rows = [_event_row(tx, kind, job, data, now) for job, data in events]
     prepared(tx, ("append_event",), lambda: insert(EVENTS)).run_many(tx, rows)
+
+
+def _event_row(
+    tx: WriteTx,
+    kind: EventType,
+    job: Logged,
+    data: dict[str, Any],
+    now: datetime,
+    event_id: int | None = None,
+) -> dict[str, Any]:
+    """The event's row, taking the transaction's next id (or `event_id`, which must be it)."""
+    event_id = tx.next_event_id() if event_id is None else event_id
+    tx.used_event_id(event_id)
+    return {
+        "id": event_id,
+        "type": kind.value,
+        "job_id": job.job_id,
+        "prompt_id": job.prompt_id,
+        "org": job.org,
+        "author": job.author,
+        "state": job.state,
+        "data": data,
+        "created_at": now,
+    }
 
 
 def append_event(

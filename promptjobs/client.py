@@ -38,7 +38,7 @@ from api.schemas import (
     RetryJob,
     SubmitPrompt,
 )
-from projections.lifecycle import JobState
+from projections.lifecycle import EventType, JobState
 from promptjobs.settings import ClientSettings
 
 __all__ = [
@@ -66,9 +66,6 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 
-STATE_CHANGED = "job.state_changed"
-OUTPUT = "job.output"
-OUTPUT_RESET = "job.output_reset"
 # Statuses that mean "the server did nothing; ask again later".
 RETRY_STATUSES = frozenset({429, 503})
 SILENT_STREAM_S = 60.0
@@ -206,6 +203,10 @@ def output_call(job_id: str, since: int) -> Call:
     return Call("GET", f"/v1/jobs/{job_id}/output", params={"since": str(since)})
 
 
+def attempts_call(job_id: str) -> Call:
+    return Call("GET", f"/v1/jobs/{job_id}/attempts")
+
+
 def action_call(job_id: str, action: str, body: dict[str, Any] | None = None) -> Call:
     # Not replayable: a cancel or retry that did land answers 409 the second time.
     return Call("POST", f"/v1/jobs/{job_id}/{action}", json=body, replayable=False)
@@ -246,15 +247,15 @@ def parsed(response: httpx.Response, model: type[M]) -> M:
 
 
 def state_event(sse: ServerSentEvent) -> Event | None:
-    if sse.event != STATE_CHANGED or not sse.data:
+    if sse.event != EventType.STATE_CHANGED or not sse.data:
         return None
     return Event(id=sse.id, type=sse.event, job=JobOut.model_validate_json(sse.data))
 
 
 def output_piece(sse: ServerSentEvent) -> OutputChunk | OutputReset | None:
-    if sse.event == OUTPUT and sse.data:
+    if sse.event == EventType.OUTPUT and sse.data:
         return OutputChunk.model_validate_json(sse.data)
-    if sse.event == OUTPUT_RESET and sse.data:
+    if sse.event == EventType.OUTPUT_RESET and sse.data:
         return OutputReset.model_validate_json(sse.data)
     return None
 
@@ -435,7 +436,7 @@ class PromptJobs:
 
     def attempts(self, job_id: str) -> list[AttemptOut]:
         """Each ended attempt: outcome, model, tokens, cost, time to first token."""
-        return parsed(self._send(Call("GET", f"/v1/jobs/{job_id}/attempts")), AttemptList).attempts
+        return parsed(self._send(attempts_call(job_id)), AttemptList).attempts
 
     def cancel(self, job_id: str) -> JobOut:
         return parsed(self._send(action_call(job_id, "cancel")), JobOut)
@@ -741,8 +742,7 @@ class AsyncPromptJobs:
         return parsed(await self._send(output_call(job_id, since)), OutputOut)
 
     async def attempts(self, job_id: str) -> list[AttemptOut]:
-        call = Call("GET", f"/v1/jobs/{job_id}/attempts")
-        return parsed(await self._send(call), AttemptList).attempts
+        return parsed(await self._send(attempts_call(job_id)), AttemptList).attempts
 
     async def cancel(self, job_id: str) -> JobOut:
         return parsed(await self._send(action_call(job_id, "cancel")), JobOut)
