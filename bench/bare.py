@@ -1,28 +1,34 @@
-"""Bare Temporal: a trivial workflow running one trivial activity, and its worker process."""
+"""Bare Temporal: a trivial workflow running one trivial activity, its worker process, and
+the run that times it (the yardstick the throughput and concurrency figures are read by)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import sys
+import time
+import uuid
 from datetime import timedelta
 
 from temporalio import activity, workflow
 from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 
 @activity.defn
-async def echo(text: str) -> str:
+async def echo(text: str, sleep_s: float) -> str:
+    await asyncio.sleep(sleep_s)
     return text
 
 
 @workflow.defn
 class BareWorkflow:
     @workflow.run
-    async def run(self, text: str) -> str:
+    async def run(self, text: str, sleep_s: float) -> str:
         return await workflow.execute_activity(
-            echo, text, start_to_close_timeout=timedelta(seconds=30)
+            echo, args=[text, sleep_s], start_to_close_timeout=timedelta(seconds=30)
         )
 
 
@@ -39,6 +45,50 @@ async def run_worker(address: str, task_queue: str) -> None:
         max_concurrent_activities=1000,
     ):
         await stop.wait()
+
+
+async def bare_temporal(
+    env: WorkflowEnvironment,
+    jobs: int,
+    concurrency: int,
+    sleep_s: float = 0.0,
+    timeout: float = 600,
+) -> tuple[float, str]:
+    """Seconds from the first start_workflow to the last workflow completed, and whose CPU
+    it took: `jobs` bare workflows started `concurrency` at a time, one worker process (this
+    module's)."""
+    from bench.harness import CpuMeter, target, wait_for_pollers
+
+    task_queue = f"bare-{uuid.uuid4().hex[:8]}"
+    # Popen returns at once; the bench starts this one process before it measures.
+    worker = subprocess.Popen([sys.executable, "-m", "bench.bare", target(env), task_queue])  # noqa: ASYNC220
+    try:
+        await wait_for_pollers(env, task_queue)
+        meter = CpuMeter()
+        began = time.monotonic()
+        starts = iter(range(jobs))
+
+        async def starter() -> None:
+            for i in starts:
+                await env.client.start_workflow(
+                    BareWorkflow.run,
+                    args=[f"bare {i}", sleep_s],
+                    id=f"{task_queue}-{i}",
+                    task_queue=task_queue,
+                )
+
+        await asyncio.gather(*(starter() for _ in range(concurrency)))
+        # Counted like our jobs (polled, not thousands of long-polls, which the server refuses).
+        query = f"TaskQueue = '{task_queue}' AND ExecutionStatus = 'Completed'"
+        deadline = began + timeout
+        while (await env.client.count_workflows(query)).count < jobs:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bare workflows not all completed within {timeout} s")
+            await asyncio.sleep(0.2)
+        return time.monotonic() - began, meter.per(jobs)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,20 @@
-"""Concurrency: 1,000 jobs in flight at once with a 2 s adapter on one worker process."""
+"""Concurrency: 1,000 jobs in flight at once with a 2 s adapter on one worker, next to bare
+Temporal running the same number of one-activity workflows (a 2 s activity) on the same server."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
+import contextlib
 import time
 
+from bench.bare import bare_temporal
 from bench.harness import (
+    CpuMeter,
     Report,
+    args,
     dev_temporal,
     peak_rss_mb,
+    pg_database,
     scratch,
     service,
     submit_many,
@@ -18,9 +23,12 @@ from bench.harness import (
     wait_settled,
 )
 
-JOBS = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+# [JOBS] [postgresql] [embedded]
+ARGS = args(default_count=1000)
+JOBS = ARGS.count
 CONCURRENCY = 64
 TIMEOUT_S = 300
+LATENCY_S = 2.0
 
 
 async def main() -> Report:
@@ -28,34 +36,51 @@ async def main() -> Report:
         "concurrency",
         {
             "jobs": f"{JOBS}, submitted with {CONCURRENCY} in flight",
-            "adapter": "fake, latency_ms=2000",
-            "worker": "one `promptjobs worker` process (max_concurrent_activities 1000)",
-            "measured": "first POST → last job succeeded (SQLite projection); "
-            "worker VmHWM from /proc/PID/status",
+            "adapter": f"fake, latency_ms={LATENCY_S * 1000:g}",
+            "promptjobs": f"{ARGS.stack} (max_concurrent_activities 1000)",
+            "bare Temporal": f"{JOBS} one-activity workflows, a {LATENCY_S:g} s activity, "
+            f"started {CONCURRENCY} at a time, one worker process; same server, first",
+            "measured": "first submit → last job succeeded; worker VmHWM from /proc/PID/status",
         },
     )
     report.start()
-    with scratch() as data_dir:
-        async with (
-            dev_temporal(data_dir) as env,
-            service(target(env), data_dir) as (svc, proj, http),
-        ):
-            worker = svc.spawn("worker")
-            await wait_for_pollers(env, svc.settings.temporal_task_queue)
-            idle_mb = peak_rss_mb(worker.pid)
-            began = time.monotonic()
-            await submit_many(http, JOBS, CONCURRENCY, {"options": {"fake": {"latency_ms": 2000}}})
-            submitted = time.monotonic() - began
-            done, counts = await wait_settled(proj, JOBS, TIMEOUT_S)
-            peak_mb = peak_rss_mb(worker.pid)
-            report.add("all submitted", f"{submitted:.1f} s")
-            report.add("total (first submit → all settled)", f"{done - began:.1f} s", "< 10 s")
-            report.add(
-                "final states",
-                ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                f"succeeded {JOBS}",
-            )
-            report.add("worker peak RSS (VmHWM)", f"{peak_mb:.0f} MiB (idle {idle_mb:.0f} MiB)")
+    with scratch() as data_dir, contextlib.ExitStack() as stack:
+        overrides: dict[str, object] = {}
+        if ARGS.backend == "postgresql":
+            overrides["database_url"] = stack.enter_context(pg_database())
+        async with dev_temporal(data_dir) as env:
+            bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY, sleep_s=LATENCY_S)
+            report.add("bare Temporal (first start → all completed)", f"{bare_s:.1f} s")
+            report.add("bare Temporal, CPU", bare_cpu)
+            async with service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (
+                svc,
+                proj,
+                http,
+            ):
+                worker = svc.processes[0] if ARGS.embedded else svc.spawn("worker")
+                await wait_for_pollers(env, svc.settings.temporal_task_queue)
+                idle_mb = peak_rss_mb(worker.pid)
+                meter = CpuMeter()
+                began = time.monotonic()
+                body: dict[str, object] = {"options": {"fake": {"latency_ms": LATENCY_S * 1000}}}
+                await submit_many(http, JOBS, CONCURRENCY, body)
+                submitted = time.monotonic() - began
+                done, counts = await wait_settled(proj, JOBS, TIMEOUT_S)
+                total = done - began
+                peak_mb = peak_rss_mb(worker.pid)
+                report.add("all submitted", f"{submitted:.1f} s")
+                report.add(
+                    "total (first submit → all settled)",
+                    f"{total:.1f} s = {total / bare_s:.2f}x bare",
+                    "≤ 1.2x bare",
+                )
+                report.add("CPU", meter.per(JOBS))
+                report.add(
+                    "final states",
+                    ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                    f"succeeded {JOBS}",
+                )
+                report.add("worker peak RSS (VmHWM)", f"{peak_mb:.0f} MiB (idle {idle_mb:.0f} MiB)")
     return report
 
 

@@ -91,6 +91,90 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+@dataclass(frozen=True)
+class Args:
+    """A benchmark's arguments, in any order: a count; `postgresql` (the projection there,
+    not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`)."""
+
+    count: int
+    backend: str
+    embedded: bool
+
+    @property
+    def stack(self) -> str:
+        processes = "one process: API + worker" if self.embedded else "api + worker processes"
+        return f"{processes}, {self.backend} projection"
+
+
+def args(default_count: int) -> Args:
+    words = sys.argv[1:]
+    known = ("sqlite", "postgresql", "embedded")
+    unknown = [w for w in words if not w.isdigit() and w not in known]
+    if unknown:
+        raise SystemExit(f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded]")
+    counts = [int(w) for w in words if w.isdigit()]
+    return Args(
+        count=counts[0] if counts else default_count,
+        backend="postgresql" if "postgresql" in words else "sqlite",
+        embedded="embedded" in words,
+    )
+
+
+# -- whose CPU -----------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used (/proc/PID/stat)."""
+    after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(after_name[11]) + int(after_name[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def role(pid: int) -> str:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    if "bench.bare" in argv:
+        return "bare worker"
+    if "bench.embedded" in argv:
+        return "api + worker"
+    if "promptjobs" in argv:
+        return argv[argv.index("promptjobs") + 1]
+    return Path(argv[0]).name  # the Temporal dev server: `temporal`
+
+
+def cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far of this process ("bench": the client and its polling) and of each
+    process it started, by role; several of one role are added up."""
+    used = {"bench": cpu_seconds(os.getpid())}
+    for task in Path("/proc/self/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                name = role(int(child))
+                used[name] = used.get(name, 0.0) + cpu_seconds(int(child))
+    return used
+
+
+class CpuMeter:
+    """Whose CPU a figure is: each process's CPU seconds between the meter's start and
+    `used()`. On this 2-core machine every CPU second of ours is one Temporal did not get."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        self.start = cpu_by_process()
+
+    def used(self) -> dict[str, float]:
+        now = cpu_by_process()
+        return {name: now[name] - self.start.get(name, 0.0) for name in now}
+
+    def per(self, n: int, unit: str = "job") -> str:
+        """Each process's CPU per job, most first, and how busy the cores were since start."""
+        used = self.used()
+        wall = time.monotonic() - self.began
+        parts = ", ".join(
+            f"{name} {ms(seconds / n)}"
+            for name, seconds in sorted(used.items(), key=lambda item: -item[1])
+        )
+        return f"{parts} per {unit}; busy {sum(used.values()) / wall:.2f} of {os.cpu_count()} cores"
+
+
 # -- Temporal ------------------------------------------------------------------------------
 
 
@@ -121,10 +205,13 @@ def target(env: WorkflowEnvironment) -> str:
 
 @dataclass
 class Service:
-    """`promptjobs api` and `promptjobs worker` processes sharing one projection."""
+    """`promptjobs api` and `promptjobs worker` processes sharing one projection; or, when
+    `embedded`, one process running the API, its dispatcher and a worker (`bench.embedded`,
+    as `promptjobs dev` runs them)."""
 
     settings: Settings
     temporal_address: str
+    embedded: bool = False
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
@@ -145,10 +232,12 @@ class Service:
         }
 
     def spawn(self, command: str) -> subprocess.Popen[bytes]:
+        """`api`, `worker` (`promptjobs` commands) or `embedded`."""
         LOGS.mkdir(parents=True, exist_ok=True)
         log = (LOGS / f"{command}-{len(self.processes)}.log").open("wb")
+        module = ["bench.embedded"] if command == "embedded" else ["promptjobs", command]
         process = subprocess.Popen(
-            [sys.executable, "-m", "promptjobs", command],
+            [sys.executable, "-m", *module],
             env=self.env(),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -161,12 +250,12 @@ class Service:
         return f"http://{self.settings.api_host}:{self.settings.api_port}"
 
     async def start_api(self) -> subprocess.Popen[bytes]:
-        process = self.spawn("api")
+        process = self.spawn("embedded" if self.embedded else "api")
         deadline = time.monotonic() + 60
         async with httpx.AsyncClient(base_url=self.base_url) as http:
             while time.monotonic() < deadline:
                 if process.poll() is not None:
-                    raise RuntimeError(f"promptjobs api exited with {process.returncode}")
+                    raise RuntimeError(f"{process.args} exited with {process.returncode}")
                 with contextlib.suppress(httpx.TransportError):
                     if (await http.get("/healthz")).status_code == 200:
                         return process
@@ -199,11 +288,12 @@ def bench_settings(data_dir: Path, **overrides: object) -> Settings:
 
 @contextlib.asynccontextmanager
 async def service(
-    temporal_address: str, data_dir: Path, **overrides: object
+    temporal_address: str, data_dir: Path, *, embedded: bool = False, **overrides: object
 ) -> AsyncIterator[tuple[Service, Projection, httpx.AsyncClient]]:
-    """API process (real HTTP), no worker yet; a projection and an authenticated client."""
+    """API process (real HTTP), no worker yet unless `embedded`; a projection and an
+    authenticated client."""
     settings = bench_settings(data_dir, **overrides)
-    svc = Service(settings, temporal_address)
+    svc = Service(settings, temporal_address, embedded)
     async with open_projection(settings) as projection:
         try:
             await svc.start_api()

@@ -8,6 +8,7 @@ import sys
 
 from bench.harness import (
     Report,
+    args,
     dev_temporal,
     ms,
     percentile,
@@ -21,8 +22,8 @@ from bench.harness import (
 
 REQUESTS = {1: 300, 32: 960}
 WARMUP = 20
-# `postgresql` as the argument: the projection on PostgreSQL instead of SQLite.
-BACKEND = sys.argv[1] if len(sys.argv) > 1 else "sqlite"
+# [postgresql] [embedded]
+ARGS = args(default_count=0)
 BODY: dict[str, object] = {"options": {"fake": {"latency_ms": 2000}}}
 
 
@@ -32,21 +33,21 @@ async def main() -> Report:
         {
             "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
             "adapter": "fake, latency_ms=2000",
-            "stack": f"promptjobs api + promptjobs worker processes, {BACKEND} projection, "
-            "dev server on disk (WAL)",
-            "client": "httpx in the bench process, keep-alive",
+            "stack": f"{ARGS.stack}, dev server on disk (WAL)",
+            "client": "aiohttp in the bench process, keep-alive",
         },
     )
     report.start()
     with scratch() as data_dir, contextlib.ExitStack() as stack:
         overrides: dict[str, object] = {}
-        if BACKEND == "postgresql":
+        if ARGS.backend == "postgresql":
             overrides["database_url"] = stack.enter_context(pg_database())
         async with (
             dev_temporal(data_dir) as env,
-            service(target(env), data_dir, **overrides) as (svc, _, http),
+            service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (svc, _, http),
         ):
-            svc.spawn("worker")
+            if not ARGS.embedded:
+                svc.spawn("worker")
             await wait_for_pollers(env, svc.settings.temporal_task_queue)
             await submit_many(http, WARMUP, 1, BODY)
             for concurrency, n in REQUESTS.items():

@@ -75,8 +75,11 @@ async def main() -> Report:
 
                 async def start(i: int) -> None:
                     await env.client.start_workflow(
-                        BareWorkflow.run, f"bare {i}", id=f"{task_queue}-{i}", task_queue=task_queue
-                    )  # fmt: skip
+                        BareWorkflow.run,
+                        args=[f"bare {i}", 0.0],
+                        id=f"{task_queue}-{i}",
+                        task_queue=task_queue,
+                    )
 
                 await concurrently(WARMUP, 1, lambda i: start(-1 - i))
                 offset = 0
