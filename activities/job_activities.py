@@ -72,12 +72,16 @@ def worker_identity() -> str:
 @asynccontextmanager
 async def heartbeating(interval_s: float) -> AsyncIterator[None]:
     """Heartbeat while the body runs: a dead worker stops heartbeating, and Temporal then
-    retries the attempt elsewhere. Heartbeats also carry cancellation into the activity."""
+    retries the attempt elsewhere. Heartbeats also carry cancellation into the activity.
+
+    The first beat comes after one interval, not at once: Temporal counts the heartbeat
+    timeout from the attempt's start until the first beat, so waiting a quarter of it is as
+    safe, and a quick call (most of them) costs the server no heartbeat write at all."""
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
             await asyncio.sleep(interval_s)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:
@@ -228,10 +232,15 @@ class JobActivities:
             return await self._settlement(call.job_id, started.attempt)
         if started.state.is_terminal:
             raise job_closed(started.state, started.error_kind, started.error_message)
+        if started.job is not None and started.prompt is not None:
+            job, prompt = started.job, started.prompt
+        else:
+            # Not started by this call (a repeat of a start whose commit landed): read them.
+            job, prompt = await self._load(call.job_id)
         async with DelayedReport(
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
-            done = await self._run(call, attempt, running)
+            done = await self._run(call, attempt, running, job, prompt)
         if not call.settle_success:
             await self._end_attempt(done.tail, done.usage)
             return done.outcome
@@ -241,13 +250,14 @@ class JobActivities:
         # The response text is in the projection now; it need not enter workflow history.
         return replace(done.outcome, text="", settled=settled)
 
-    async def _run(self, call: AdapterCall, attempt: int, running: DelayedReport) -> Succeeded:
+    async def _run(
+        self, call: AdapterCall, attempt: int, running: DelayedReport, job: Job, prompt: Prompt
+    ) -> Succeeded:
         """The adapter call, streaming its text to the projection as it comes. It ends in a
         success (returned with the text not yet written and the attempt's usage), a failure
         (recorded, and raised for Temporal), a cancellation, or a stop: the job's row says
         the call is no longer wanted (cancelled, or taken over by a later attempt), and the
         provider's stream is closed at once instead of at Temporal's next heartbeat."""
-        job, prompt = await self._load(call.job_id)
         # On the attempt's activity span (a no-op span while tracing is off).
         trace.get_current_span().set_attributes(
             {
@@ -484,7 +494,7 @@ class JobActivities:
             self._count(usage)
         kept = result.state is JobState.SUCCEEDED
         if kept:
-            await wake_children(self.sessions, prompt_id)
+            await wake(result.waiting_children)
         return SettleResult(result.applied, result.state, response_id if kept else None)
 
     @activity.defn(name="check_parents")
@@ -568,9 +578,14 @@ async def report_to_workflow(report: AttemptReport) -> None:
 
 
 async def wake_children(sessions: async_sessionmaker[AsyncSession], prompt_id: str) -> None:
-    """Tell the waiting jobs of a succeeded prompt's children to check their parents again.
-    A signal that cannot be sent now is sent by the dispatcher's safety net (ready_to_wake)."""
-    for job_id in await waiting_children(sessions, prompt_id):
+    """Tell the waiting jobs of a succeeded prompt's children to check their parents again."""
+    await wake(await waiting_children(sessions, prompt_id))
+
+
+async def wake(job_ids: list[str]) -> None:
+    """Tell these waiting jobs to check their parents again. A signal that cannot be sent
+    now is sent by the dispatcher's safety net (ready_to_wake)."""
+    for job_id in job_ids:
         try:
             await activity.client().get_workflow_handle(job_id).signal(PARENTS_CHANGED)
         except RPCError as err:

@@ -72,7 +72,14 @@ def is_sqlite(engine: AsyncEngine) -> bool:
 
 def create_engine(url: str, *, pool_size: int = 10, busy_timeout_s: float = 30.0) -> AsyncEngine:
     if make_url(url).get_backend_name() == "sqlite":
-        engine = create_async_engine(async_url(url), connect_args={"timeout": busy_timeout_s})
+        # Sized as PostgreSQL's: past SQLAlchemy's default 5, every burst of reads opened
+        # and closed overflow connections, each an aiosqlite thread and four PRAGMAs.
+        engine = create_async_engine(
+            async_url(url),
+            connect_args={"timeout": busy_timeout_s},
+            pool_size=pool_size,
+            max_overflow=pool_size,
+        )
         _make_sqlite_transactional(engine.sync_engine, busy_timeout_s=busy_timeout_s)
         # The engine's synchronous writer (sync_writer) waits on the lock as long.
         _busy_timeouts[engine.sync_engine] = busy_timeout_s
@@ -502,9 +509,14 @@ class Prepared:
 
     def run(self, tx: WriteTx, params: dict[str, Any]) -> dict[str, Any] | None:
         """Execute with `params` (bind names to values); the returned row as a dict, if any."""
-        row = self._execute(tx, [self._bound(params)], many=False)
-        if row is None:
-            return None
+        rows = self._execute(tx, [self._bound(params)], many=False)
+        return self._row(rows[0]) if rows else None
+
+    def rows(self, tx: WriteTx, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Execute with `params`; every row it gives back, as dicts."""
+        return [self._row(row) for row in self._execute(tx, [self._bound(params)], many=False)]
+
+    def _row(self, row: Any) -> dict[str, Any]:
         return {
             key: (process(value) if process else value)
             for (key, process), value in zip(self.returning, row, strict=True)
@@ -532,7 +544,7 @@ class Prepared:
                 cursor.executemany(self.sql, bound)
                 return None
             cursor.execute(self.sql, bound[0])
-            return cursor.fetchone() if self.returning else None
+            return cursor.fetchall() if self.returning else None
         except dialect.loaded_dbapi.Error as err:
             # As SQLAlchemy's own execute raises it: IntegrityError, OperationalError, … with
             # a dropped connection marked invalidated (and dropped from the pool).

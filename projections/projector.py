@@ -8,7 +8,7 @@ itself refuses an illegal or stale transition, plus one `INSERT` into job_events
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ from projections.lifecycle import (
     progress_rank,
     sources_of,
 )
-from projections.models import Base, Job, Response
+from projections.models import Base, Job, Prompt, PromptParent, Response
 from projections.streams import (
     AttemptUsage,
     OutputBatch,
@@ -42,6 +42,8 @@ from projections.streams import (
 STATE_CHANGED = EventType.STATE_CHANGED
 JOBS = Base.metadata.tables[Job.__tablename__]
 RESPONSES = Base.metadata.tables[Response.__tablename__]
+PROMPTS = Base.metadata.tables[Prompt.__tablename__]
+PROMPT_PARENTS = Base.metadata.tables[PromptParent.__tablename__]
 
 # Taken shared by a user retry, exclusive by `jobs archive` (PostgreSQL), so an archive cannot
 # remove a prompt a retry is adding a job to. No other writer takes it.
@@ -77,6 +79,14 @@ class Applied:
     error_message: str | None = None
     # Set when the attempt could not start because its org has no free slot.
     waiting: Waiting | None = None
+    # An attempt that started: its row and its prompt, read in the same transaction (the
+    # call needs both; a read of its own cost the worker more than the write).
+    job: Job | None = None
+    prompt: Prompt | None = None
+    # A success: the started jobs of the prompt's chained children that wait on their
+    # parents, to be woken (read in the same transaction; the dispatcher's safety net,
+    # chain_store.ready_to_wake, catches a child that began waiting meanwhile).
+    waiting_children: list[str] = field(default_factory=list)
 
 
 def job_of(row: Row[Any]) -> Job:
@@ -186,6 +196,35 @@ def _applied(job: Job) -> Applied:
     )
 
 
+def _started(tx: WriteTx, job: Job, events: list[int]) -> Applied:
+    """An attempt that began: the row as it stands and its prompt, for the call."""
+    statement = prepared(
+        tx, ("prompt of job",), lambda: select(PROMPTS).where(PROMPTS.c.prompt_id == bindparam("p"))
+    )
+    row = statement.run(tx, {"p": job.prompt_id})
+    assert row is not None, job.prompt_id
+    return Applied(True, job.state, job.attempt, events, job=job, prompt=Prompt(**row))
+
+
+def _waiting_children(tx: WriteTx, prompt_id: str) -> list[str]:
+    """The started jobs of `prompt_id`'s children that wait for their parents (as
+    chain_store.waiting_children, inside the success's transaction)."""
+
+    def build() -> Any:
+        children = select(PROMPT_PARENTS.c.prompt_id).where(
+            PROMPT_PARENTS.c.parent_id == bindparam("p")
+        )
+        return select(JOBS.c.job_id).where(
+            JOBS.c.prompt_id.in_(children),
+            JOBS.c.state == JobState.QUEUED,
+            JOBS.c.waiting_on.is_not(None),
+            JOBS.c.dispatched_at.is_not(None),
+        )
+
+    statement = prepared(tx, ("waiting children",), build)
+    return [row["job_id"] for row in statement.rows(tx, {"p": prompt_id})]
+
+
 class Projector:
     """The one writer of job state. Every method is one transaction and safe to repeat."""
 
@@ -263,7 +302,7 @@ class Projector:
             job = transition(tx, running, now)
             if job is not None:
                 reset_output(tx, job, now)
-                return _applied(job)
+                return _started(tx, job, [job.last_event_id])
             seen = current(tx, job_id)
             if seen is None:
                 raise LookupError(f"no job {job_id}")
@@ -285,7 +324,7 @@ class Projector:
             if job is None:
                 return Applied(False, *_state_of(tx, job_id), events)
             reset_output(tx, job, now)
-            return Applied(True, job.state, job.attempt, events)
+            return _started(tx, job, events)
 
         return self._committed(await self.writes.run(write))
 
@@ -326,7 +365,7 @@ class Projector:
             }
             dialect_insert = pg_insert if tx.postgresql else sqlite_insert
             tx.execute(dialect_insert(RESPONSES).values(values).on_conflict_do_nothing())
-            return _applied(job)
+            return replace(_applied(job), waiting_children=_waiting_children(tx, job.prompt_id))
 
         return self._committed(await self.writes.run(write))
 

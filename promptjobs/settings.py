@@ -35,7 +35,8 @@ class Settings(BaseSettings):
         ),
     )
     database_pool_size: int = Field(default=10, ge=1)
-    """Connections each process keeps open to PostgreSQL (as many again may overflow)."""
+    """Connections each process keeps open to the projection store (as many again may
+    overflow); on SQLite, for reads only, each with a thread of its own."""
     sqlite_busy_timeout_s: float = Field(default=30.0, gt=0)
     """How long a SQLite write waits for another writer's lock before the database counts as
     unavailable (the API answers `503`; a job's attempt waits and tries again)."""
