@@ -13,8 +13,12 @@ from datetime import timedelta
 
 from temporalio import activity, workflow
 from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import search_attributes as sa
 
 
 @activity.defn
@@ -25,11 +29,43 @@ async def echo(text: str, sleep_s: float) -> str:
 
 @workflow.defn
 class BareWorkflow:
+    """One activity. `shaped`: with what our job's workflow asks of the server besides (its
+    three patches, each a marker and an upsert of TemporalChangeVersion by the SDK; a
+    heartbeat timeout and a schedule-to-close; its state upserted at the end), so the
+    engine's cost of that shape can be told from our processes' cost."""
+
     @workflow.run
-    async def run(self, text: str, sleep_s: float) -> str:
-        return await workflow.execute_activity(
-            echo, args=[text, sleep_s], start_to_close_timeout=timedelta(seconds=30)
+    async def run(self, text: str, sleep_s: float, shaped: bool = False) -> str:
+        if not shaped:
+            return await workflow.execute_activity(
+                echo, args=[text, sleep_s], start_to_close_timeout=timedelta(seconds=30)
+            )
+        for patch in ("one", "two", "three"):
+            workflow.patched(patch)
+        result = await workflow.execute_activity(
+            echo,
+            args=[text, sleep_s],
+            schedule_to_close_timeout=timedelta(minutes=10),
+            start_to_close_timeout=timedelta(seconds=30),
+            heartbeat_timeout=timedelta(seconds=10),
         )
+        workflow.upsert_search_attributes(
+            [sa.JOB_STATE.value_set("succeeded"), sa.ATTEMPT.value_set(1)]
+        )
+        return result
+
+
+def shaped_attributes(i: int) -> TypedSearchAttributes:
+    """What our jobs' workflows start with (workflows/prompt_job.initial_search_attributes)."""
+    return TypedSearchAttributes(
+        [
+            SearchAttributePair(sa.JOB_STATE, "queued"),
+            SearchAttributePair(sa.ORG, "bench"),
+            SearchAttributePair(sa.PROMPT_ID, f"pmt_bare_{i}"),
+            SearchAttributePair(sa.PRIORITY, 50),
+            SearchAttributePair(sa.ATTEMPT, 0),
+        ]
+    )
 
 
 async def run_worker(address: str, task_queue: str) -> None:
@@ -53,6 +89,8 @@ async def bare_temporal(
     concurrency: int,
     sleep_s: float = 0.0,
     timeout: float = 600,
+    *,
+    shaped: bool = False,
 ) -> tuple[float, str]:
     """Seconds from the first start_workflow to the last workflow completed, and whose CPU
     it took: `jobs` bare workflows started `concurrency` at a time, one worker process (this
@@ -72,9 +110,10 @@ async def bare_temporal(
             for i in starts:
                 await env.client.start_workflow(
                     BareWorkflow.run,
-                    args=[f"bare {i}", sleep_s],
+                    args=[f"bare {i}", sleep_s, shaped],
                     id=f"{task_queue}-{i}",
                     task_queue=task_queue,
+                    search_attributes=shaped_attributes(i) if shaped else None,
                 )
 
         await asyncio.gather(*(starter() for _ in range(concurrency)))
