@@ -172,7 +172,7 @@ class JobActivities:
         adapters: AdapterRegistry,
         backoff: BackoffPolicy,
         worker: str | None = None,
-        report_running_after_s: float = 1.0,
+        report_running_after_s: float = 5.0,
         org_max_running: int = 0,
         streams: OutputStreams | None = None,
         prices: PriceTable | None = None,

@@ -97,9 +97,11 @@ class Settings(BaseSettings):
     """Activities (adapter calls and projection writes) one worker runs at once."""
     worker_max_concurrent_workflow_tasks: int = Field(default=100, ge=2)
     """Workflow tasks one worker runs at once."""
-    worker_report_running_after_s: float = Field(default=1.0, ge=0)
+    worker_report_running_after_s: float = Field(default=5.0, ge=0)
     """How long an attempt runs before it shows as running in its workflow's search attributes
-    (the Web UI). Sooner costs a workflow task per job; the API shows running at once."""
+    (the Web UI's lists). Each report is a signal, a workflow task and an upsert per job,
+    about as much of Temporal's work as the rest of a quick job; the API shows running at
+    once, the Web UI's pending activity too."""
     dispatcher_interval_s: float = 2.0
     """How often the API's dispatcher scans for jobs whose workflow is not started yet."""
     reconciler_interval_s: float = 30.0

@@ -242,7 +242,7 @@ async def test_search_attributes_follow_the_job(harness: Harness) -> None:
 
 async def test_a_quick_job_costs_one_activity_and_no_signal(harness: Harness) -> None:
     # The adapter call settles the success itself, and an attempt reports `running` to its
-    # workflow only after a second: a quick job is one activity and two workflow tasks.
+    # workflow only after a while (5 s): a quick job is one activity and two workflow tasks.
     job = await harness.submit("Write a haiku")
     async with harness.worker():
         handle = await harness.start(job)
@@ -261,7 +261,7 @@ async def test_a_quick_job_costs_one_activity_and_no_signal(harness: Harness) ->
 
 async def test_a_long_call_shows_running_to_operators(harness: Harness) -> None:
     job = await harness.submit(fake={"latency_ms": 3000})
-    async with harness.worker():
+    async with harness.worker(worker_report_running_after_s=1.0):
         handle = await harness.start(job)
         await eventually(
             lambda: _attributes(handle), lambda a: a.get("PromptJobState") == "running"
