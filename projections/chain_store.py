@@ -4,8 +4,9 @@ a parent succeeds, and the parents' answers a child's prompt is filled with."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
@@ -79,17 +80,21 @@ async def check_parents(sessions: async_sessionmaker[AsyncSession], job_id: str)
         return state
 
 
-async def waiting_children(sessions: async_sessionmaker[AsyncSession], parent_id: str) -> list[str]:
-    """The started, still waiting jobs of `parent_id`'s children (to wake on its success)."""
+def waiting_children_query(parent_id: Any) -> Select[str]:
+    """The started, still waiting jobs of `parent_id`'s children (to wake on its success);
+    `parent_id` a value or a bind parameter."""
     children = select(PromptParent.prompt_id).where(PromptParent.parent_id == parent_id)
-    stmt = select(Job.job_id).where(
+    return select(Job.job_id).where(
         Job.prompt_id.in_(children),
         Job.state == JobState.QUEUED,
         Job.waiting_on.is_not(None),
         Job.dispatched_at.is_not(None),
     )
+
+
+async def waiting_children(sessions: async_sessionmaker[AsyncSession], parent_id: str) -> list[str]:
     async with sessions() as session:
-        return list((await session.execute(stmt)).scalars())
+        return list((await session.execute(waiting_children_query(parent_id))).scalars())
 
 
 async def ready_to_wake(sessions: async_sessionmaker[AsyncSession]) -> list[str]:

@@ -18,6 +18,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.admission import Waiting, admit
+from projections.chain_store import waiting_children_query
 from projections.db import GroupCommit, WriteTx
 from projections.event_log import append_event, prepared, utcnow
 from projections.lifecycle import (
@@ -29,7 +30,7 @@ from projections.lifecycle import (
     progress_rank,
     sources_of,
 )
-from projections.models import Base, Job, Prompt, PromptParent, Response
+from projections.models import Base, Job, Prompt, Response
 from projections.streams import (
     AttemptUsage,
     OutputBatch,
@@ -43,7 +44,6 @@ STATE_CHANGED = EventType.STATE_CHANGED
 JOBS = Base.metadata.tables[Job.__tablename__]
 RESPONSES = Base.metadata.tables[Response.__tablename__]
 PROMPTS = Base.metadata.tables[Prompt.__tablename__]
-PROMPT_PARENTS = Base.metadata.tables[PromptParent.__tablename__]
 
 # Taken shared by a user retry, exclusive by `jobs archive` (PostgreSQL), so an archive cannot
 # remove a prompt a retry is adding a job to. No other writer takes it.
@@ -207,21 +207,8 @@ def _started(tx: WriteTx, job: Job, events: list[int]) -> Applied:
 
 
 def _waiting_children(tx: WriteTx, prompt_id: str) -> list[str]:
-    """The started jobs of `prompt_id`'s children that wait for their parents (as
-    chain_store.waiting_children, inside the success's transaction)."""
-
-    def build() -> Any:
-        children = select(PROMPT_PARENTS.c.prompt_id).where(
-            PROMPT_PARENTS.c.parent_id == bindparam("p")
-        )
-        return select(JOBS.c.job_id).where(
-            JOBS.c.prompt_id.in_(children),
-            JOBS.c.state == JobState.QUEUED,
-            JOBS.c.waiting_on.is_not(None),
-            JOBS.c.dispatched_at.is_not(None),
-        )
-
-    statement = prepared(tx, ("waiting children",), build)
+    """chain_store.waiting_children, inside the success's transaction."""
+    statement = prepared(tx, ("waiting children",), lambda: waiting_children_query(bindparam("p")))
     return [row["job_id"] for row in statement.rows(tx, {"p": prompt_id})]
 
 
