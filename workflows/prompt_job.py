@@ -22,6 +22,10 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    # Not `from workflows import search_attributes`: a submodule named in a from-list is
+    # imported by importlib itself, past the sandbox's passthrough, so every workflow
+    # loaded and ran the module afresh (~1.4 ms each; docs/decisions.md).
+    import workflows.search_attributes as sa
     from activities.contracts import (
         ATTEMPT_REPORTED,
         JOB_CLOSED,
@@ -45,7 +49,6 @@ with workflow.unsafe.imports_passed_through():
         JobState,
         kind_of_error_type,
     )
-    from workflows import search_attributes as sa
     from workflows.contracts import PromptJobInput, PromptJobResult
 
 # Projection writes are short and must land: retry them until they do.
