@@ -15,6 +15,7 @@ NAMES = [
     "stream_fanout",
     "stream_output",
     "cancel_latency",
+    "workflow_cost",
 ]
 
 
