@@ -18,7 +18,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import search_attributes as sa
+    # As workflows/prompt_job.py imports it: passed through, not loaded afresh per workflow.
+    import workflows.search_attributes as sa
 
 
 @activity.defn
