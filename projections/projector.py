@@ -351,7 +351,10 @@ class Projector:
                 **response_columns(response),
             }
             dialect_insert = pg_insert if tx.postgresql else sqlite_insert
-            tx.execute(dialect_insert(RESPONSES).values(values).on_conflict_do_nothing())
+            statement = prepared(
+                tx, ("insert_response",), lambda: dialect_insert(RESPONSES).on_conflict_do_nothing()
+            )
+            statement.run(tx, values)
             return replace(_applied(job), waiting_children=_waiting_children(tx, job.prompt_id))
 
         return self._committed(await self.writes.run(write))
