@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from temporalio import activity, workflow
 from temporalio.client import Client
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.common import Priority, SearchAttributePair, TypedSearchAttributes
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -32,8 +32,9 @@ async def echo(text: str, sleep_s: float) -> str:
 class BareWorkflow:
     """One activity. `shaped`: with what our job's workflow asks of the server besides (its
     three patches, each a marker and an upsert of TemporalChangeVersion by the SDK; a
-    heartbeat timeout and a schedule-to-close; its state upserted at the end), so the
-    engine's cost of that shape can be told from our processes' cost."""
+    heartbeat timeout and a schedule-to-close; its state upserted at the end; started with
+    our search attributes and a priority and fairness key), so the engine's cost of that
+    shape can be told from our processes' cost."""
 
     @workflow.run
     async def run(self, text: str, sleep_s: float, shaped: bool = False) -> str:
@@ -115,6 +116,10 @@ async def bare_temporal(
                     id=f"{task_queue}-{i}",
                     task_queue=task_queue,
                     search_attributes=shaped_attributes(i) if shaped else None,
+                    # As the dispatcher starts ours: a priority key and the org as fairness key.
+                    priority=Priority(priority_key=51, fairness_key="bench")
+                    if shaped
+                    else Priority.default,
                 )
 
         await asyncio.gather(*(starter() for _ in range(concurrency)))
