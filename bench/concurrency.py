@@ -15,6 +15,7 @@ from bench.harness import (
     dev_temporal,
     peak_rss_mb,
     pg_database,
+    pin_apart,
     scratch,
     service,
     submit_many,
@@ -23,7 +24,7 @@ from bench.harness import (
     wait_settled,
 )
 
-# [JOBS] [postgresql] [embedded]
+# [JOBS] [postgresql] [embedded] [pinned]
 ARGS = args(default_count=1000)
 JOBS = ARGS.count
 CONCURRENCY = 64
@@ -49,6 +50,8 @@ async def main() -> Report:
         if ARGS.backend == "postgresql":
             overrides["database_url"] = stack.enter_context(pg_database())
         async with dev_temporal(data_dir) as env:
+            if ARGS.pinned:
+                pin_apart()
             bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY, sleep_s=LATENCY_S)
             report.add("bare Temporal (first start → all completed)", f"{bare_s:.1f} s")
             report.add("bare Temporal, CPU", bare_cpu)

@@ -94,30 +94,55 @@ def ms(seconds: float) -> str:
 @dataclass(frozen=True)
 class Args:
     """A benchmark's arguments, in any order: a count; `postgresql` (the projection there,
-    not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`)."""
+    not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`);
+    `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`)."""
 
     count: int
     backend: str
     embedded: bool
+    pinned: bool = False
 
     @property
     def stack(self) -> str:
         processes = "one process: API + worker" if self.embedded else "api + worker processes"
-        return f"{processes}, {self.backend} projection"
+        pinned = "; Temporal on CPU 0, the rest on CPU 1" if self.pinned else ""
+        return f"{processes}, {self.backend} projection{pinned}"
 
 
 def args(default_count: int) -> Args:
     words = sys.argv[1:]
-    known = ("sqlite", "postgresql", "embedded")
+    known = ("sqlite", "postgresql", "embedded", "pinned")
     unknown = [w for w in words if not w.isdigit() and w not in known]
     if unknown:
-        raise SystemExit(f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded]")
+        raise SystemExit(
+            f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded] [pinned]"
+        )
     counts = [int(w) for w in words if w.isdigit()]
     return Args(
         count=counts[0] if counts else default_count,
         backend="postgresql" if "postgresql" in words else "sqlite",
         embedded="embedded" in words,
+        pinned="pinned" in words,
     )
+
+
+def pin_apart() -> None:
+    """The Temporal server on CPU 0, this process (and so every process it starts from now
+    on) on CPU 1: the engine with a core of its own, as in a deployment where it runs on
+    machines of its own, so our processes' cost no longer comes out of its throughput.
+    Every thread of each is pinned; threads made later inherit their creator's set.
+    PostgreSQL's backends are not ours to pin."""
+
+    def pin(pid: int, cpus: set[int]) -> None:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(task.name), cpus)
+
+    for task in Path("/proc/self/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if role(int(child)) == "temporal":
+                pin(int(child), {0})
+    pin(os.getpid(), {1})
 
 
 # -- whose CPU -----------------------------------------------------------------------------

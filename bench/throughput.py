@@ -19,6 +19,7 @@ from bench.harness import (
     ms,
     percentile,
     pg_database,
+    pin_apart,
     scratch,
     service,
     submit_many,
@@ -27,7 +28,7 @@ from bench.harness import (
     wait_settled,
 )
 
-# [JOBS] [postgresql] [embedded]
+# [JOBS] [postgresql] [embedded] [pinned]
 ARGS = args(default_count=2000)
 JOBS = ARGS.count
 CONCURRENCY = 32
@@ -80,6 +81,8 @@ async def main() -> Report:
         if ARGS.backend == "postgresql":
             overrides["database_url"] = stack.enter_context(pg_database())
         async with dev_temporal(data_dir) as env:
+            if ARGS.pinned:
+                pin_apart()
             bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY)
             report.add("bare Temporal", f"{JOBS / bare_s:.1f} jobs/s ({bare_s:.1f} s)")
             report.add("bare Temporal, CPU", bare_cpu)
