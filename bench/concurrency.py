@@ -4,7 +4,6 @@ Temporal running the same number of one-activity workflows (a 2 s activity) on t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from bench.bare import bare_temporal
@@ -12,11 +11,8 @@ from bench.harness import (
     CpuMeter,
     Report,
     args,
-    dev_temporal,
+    bench_stack,
     peak_rss_mb,
-    pg_database,
-    pin_apart,
-    scratch,
     service,
     submit_many,
     target,
@@ -45,45 +41,39 @@ async def main() -> Report:
         },
     )
     report.start()
-    with scratch() as data_dir, contextlib.ExitStack() as stack:
-        overrides: dict[str, object] = {}
-        if ARGS.backend == "postgresql":
-            overrides["database_url"] = stack.enter_context(pg_database())
-        async with dev_temporal(data_dir) as env:
-            if ARGS.pinned:
-                pin_apart()
-            bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY, sleep_s=LATENCY_S)
-            report.add("bare Temporal (first start → all completed)", f"{bare_s:.1f} s")
-            report.add("bare Temporal, CPU", bare_cpu)
-            async with service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (
-                svc,
-                proj,
-                http,
-            ):
-                worker = svc.processes[0] if ARGS.embedded else svc.spawn("worker")
-                await wait_for_pollers(env, svc.settings.temporal_task_queue)
-                idle_mb = peak_rss_mb(worker.pid)
-                meter = CpuMeter()
-                began = time.monotonic()
-                body: dict[str, object] = {"options": {"fake": {"latency_ms": LATENCY_S * 1000}}}
-                await submit_many(http, JOBS, CONCURRENCY, body)
-                submitted = time.monotonic() - began
-                done, counts = await wait_settled(proj, JOBS, TIMEOUT_S)
-                total = done - began
-                peak_mb = peak_rss_mb(worker.pid)
-                report.add("all submitted", f"{submitted:.1f} s")
-                report.add(
-                    "total (first submit → all settled)",
-                    f"{total:.1f} s = {total / bare_s:.2f}x bare",
-                    "≤ 1.2x bare",
-                )
-                report.add("CPU", meter.per(JOBS))
-                report.add(
-                    "final states",
-                    ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                    f"succeeded {JOBS}",
-                )
-                report.add("worker peak RSS (VmHWM)", f"{peak_mb:.0f} MiB (idle {idle_mb:.0f} MiB)")
+    async with bench_stack(ARGS) as (data_dir, env, overrides):
+        bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY, sleep_s=LATENCY_S)
+        report.add("bare Temporal (first start → all completed)", f"{bare_s:.1f} s")
+        report.add("bare Temporal, CPU", bare_cpu)
+        async with service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (
+            svc,
+            proj,
+            http,
+        ):
+            worker = svc.start_worker()
+            await wait_for_pollers(env, svc.settings.temporal_task_queue)
+            idle_mb = peak_rss_mb(worker.pid)
+            meter = CpuMeter()
+            began = time.monotonic()
+            body: dict[str, object] = {"options": {"fake": {"latency_ms": LATENCY_S * 1000}}}
+            await submit_many(http, JOBS, CONCURRENCY, body)
+            submitted = time.monotonic() - began
+            done, counts = await wait_settled(proj, JOBS, TIMEOUT_S)
+            total = done - began
+            peak_mb = peak_rss_mb(worker.pid)
+            report.add("all submitted", f"{submitted:.1f} s")
+            report.add(
+                "total (first submit → all settled)",
+                f"{total:.1f} s = {total / bare_s:.2f}x bare",
+                "≤ 1.2x bare",
+            )
+            report.add("CPU", meter.per(JOBS))
+            report.add(
+                "final states",
+                ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+                f"succeeded {JOBS}",
+            )
+            report.add("worker peak RSS (VmHWM)", f"{peak_mb:.0f} MiB (idle {idle_mb:.0f} MiB)")
     return report
 
 

@@ -221,6 +221,23 @@ async def dev_temporal(data_dir: Path) -> AsyncIterator[WorkflowEnvironment]:
         await env.shutdown()
 
 
+@contextlib.asynccontextmanager
+async def bench_stack(
+    args: Args,
+) -> AsyncIterator[tuple[Path, WorkflowEnvironment, dict[str, object]]]:
+    """What one run of a benchmark stands on: a scratch folder, the dev server (pinned apart
+    from the rest with `pinned`) and the service's overrides (a database of its own on
+    PostgreSQL with `postgresql`)."""
+    with scratch() as data_dir, contextlib.ExitStack() as stack:
+        overrides: dict[str, object] = {}
+        if args.backend == "postgresql":
+            overrides["database_url"] = stack.enter_context(pg_database())
+        async with dev_temporal(data_dir) as env:
+            if args.pinned:
+                pin_apart()
+            yield data_dir, env, overrides
+
+
 def target(env: WorkflowEnvironment) -> str:
     return env.client.service_client.config.target_host
 
@@ -269,6 +286,10 @@ class Service:
         )
         self.processes.append(process)
         return process
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        """The process that runs the worker: the embedded one, or a new `promptjobs worker`."""
+        return self.processes[0] if self.embedded else self.spawn("worker")
 
     @property
     def base_url(self) -> str:

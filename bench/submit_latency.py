@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 
 from bench.harness import (
     Report,
     args,
-    dev_temporal,
+    bench_stack,
     ms,
     percentile,
-    pg_database,
-    scratch,
     service,
     submit_many,
     target,
@@ -38,23 +35,18 @@ async def main() -> Report:
         },
     )
     report.start()
-    with scratch() as data_dir, contextlib.ExitStack() as stack:
-        overrides: dict[str, object] = {}
-        if ARGS.backend == "postgresql":
-            overrides["database_url"] = stack.enter_context(pg_database())
-        async with (
-            dev_temporal(data_dir) as env,
-            service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (svc, _, http),
-        ):
-            if not ARGS.embedded:
-                svc.spawn("worker")
-            await wait_for_pollers(env, svc.settings.temporal_task_queue)
-            await submit_many(http, WARMUP, 1, BODY)
-            for concurrency, n in REQUESTS.items():
-                latencies = await submit_many(http, n, concurrency, BODY)
-                goal = "p99 < 25 ms (seed: < 100 ms)" if concurrency == 1 else "seed: p99 < 100 ms"
-                report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
-                report.add(f"c={concurrency} p99", ms(percentile(latencies, 99)), goal)
+    async with (
+        bench_stack(ARGS) as (data_dir, env, overrides),
+        service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (svc, _, http),
+    ):
+        svc.start_worker()
+        await wait_for_pollers(env, svc.settings.temporal_task_queue)
+        await submit_many(http, WARMUP, 1, BODY)
+        for concurrency, n in REQUESTS.items():
+            latencies = await submit_many(http, n, concurrency, BODY)
+            goal = "p99 < 25 ms (seed: < 100 ms)" if concurrency == 1 else "seed: p99 < 100 ms"
+            report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
+            report.add(f"c={concurrency} p99", ms(percentile(latencies, 99)), goal)
     return report
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,9 @@ from bench.harness import (
     CpuMeter,
     Report,
     args,
-    dev_temporal,
+    bench_stack,
     ms,
     percentile,
-    pg_database,
-    pin_apart,
-    scratch,
     service,
     submit_many,
     target,
@@ -51,8 +47,7 @@ async def promptjobs(env: WorkflowEnvironment, data_dir: Path, **overrides: obje
         projection,
         http,
     ):
-        if not ARGS.embedded:
-            svc.spawn("worker")
+        svc.start_worker()
         await wait_for_pollers(env, svc.settings.temporal_task_queue)
         meter = CpuMeter()
         began = time.monotonic()
@@ -76,43 +71,37 @@ async def main() -> Report:
         },
     )
     report.start()
-    with scratch() as data_dir, contextlib.ExitStack() as stack:
-        overrides: dict[str, object] = {}
-        if ARGS.backend == "postgresql":
-            overrides["database_url"] = stack.enter_context(pg_database())
-        async with dev_temporal(data_dir) as env:
-            if ARGS.pinned:
-                pin_apart()
-            bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY)
-            report.add("bare Temporal", f"{JOBS / bare_s:.1f} jobs/s ({bare_s:.1f} s)")
-            report.add("bare Temporal, CPU", bare_cpu)
-            shaped_s, shaped_cpu = await bare_temporal(env, JOBS, CONCURRENCY, shaped=True)
-            report.add(
-                "bare Temporal, our workflow's shape",
-                f"{JOBS / shaped_s:.1f} jobs/s ({shaped_s:.1f} s)",
-            )
-            report.add("bare Temporal, our workflow's shape, CPU", shaped_cpu)
-            run = await promptjobs(env, data_dir, **overrides)
-            ours_s, counts = run.seconds, run.counts
-            ok = counts.get("succeeded", 0)
-            report.add(
-                "promptjobs (succeeded/s until all settled)",
-                f"{ok / ours_s:.1f} jobs/s ({ours_s:.1f} s)",
-            )
-            report.add("promptjobs, CPU", run.cpu)
-            report.add(
-                "promptjobs submissions (all accepted; latency while running)",
-                f"{JOBS / run.accepted_s:.1f}/s ({run.accepted_s:.1f} s); "
-                f"p50 {ms(percentile(run.submit_latencies, 50))}, "
-                f"p99 {ms(percentile(run.submit_latencies, 99))}",
-            )
-            report.add(
-                "promptjobs final states",
-                ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
-                f"succeeded {JOBS}",
-            )
-            report.add("ratio", f"{(ok / ours_s) / (JOBS / bare_s):.2f}", "≥ 0.8")
-            report.add("ratio to our workflow's shape", f"{(ok / ours_s) / (JOBS / shaped_s):.2f}")
+    async with bench_stack(ARGS) as (data_dir, env, overrides):
+        bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY)
+        report.add("bare Temporal", f"{JOBS / bare_s:.1f} jobs/s ({bare_s:.1f} s)")
+        report.add("bare Temporal, CPU", bare_cpu)
+        shaped_s, shaped_cpu = await bare_temporal(env, JOBS, CONCURRENCY, shaped=True)
+        report.add(
+            "bare Temporal, our workflow's shape",
+            f"{JOBS / shaped_s:.1f} jobs/s ({shaped_s:.1f} s)",
+        )
+        report.add("bare Temporal, our workflow's shape, CPU", shaped_cpu)
+        run = await promptjobs(env, data_dir, **overrides)
+        ours_s, counts = run.seconds, run.counts
+        ok = counts.get("succeeded", 0)
+        report.add(
+            "promptjobs (succeeded/s until all settled)",
+            f"{ok / ours_s:.1f} jobs/s ({ours_s:.1f} s)",
+        )
+        report.add("promptjobs, CPU", run.cpu)
+        report.add(
+            "promptjobs submissions (all accepted; latency while running)",
+            f"{JOBS / run.accepted_s:.1f}/s ({run.accepted_s:.1f} s); "
+            f"p50 {ms(percentile(run.submit_latencies, 50))}, "
+            f"p99 {ms(percentile(run.submit_latencies, 99))}",
+        )
+        report.add(
+            "promptjobs final states",
+            ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+            f"succeeded {JOBS}",
+        )
+        report.add("ratio", f"{(ok / ours_s) / (JOBS / bare_s):.2f}", "≥ 0.8")
+        report.add("ratio to our workflow's shape", f"{(ok / ours_s) / (JOBS / shaped_s):.2f}")
     return report
 
 
