@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import AliasChoices, SecretStr
 from pydantic.fields import FieldInfo
@@ -49,6 +49,8 @@ def type_name(annotation: Any) -> str:
     if get_origin(annotation) in (Union, types.UnionType):
         names = [type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
         return " or ".join(names)
+    if get_origin(annotation) is Literal:
+        return "one of " + ", ".join(f"`{value}`" for value in get_args(annotation))
     return TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
