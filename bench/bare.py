@@ -4,11 +4,13 @@ the run that times it (the yardstick the throughput and concurrency figures are 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio import activity, workflow
@@ -28,32 +30,42 @@ async def echo(text: str, sleep_s: float) -> str:
     return text
 
 
+# The parts of our job's workflow that ask more of the server than one activity does, each
+# of which `bench.shape` adds alone: its three patches (each a marker, and an upsert of
+# TemporalChangeVersion by the SDK); a heartbeat timeout and a schedule-to-close on the
+# activity; its state upserted at the end; and, at the start, our search attributes and a
+# priority and fairness key.
+PATCHES = "patches"
+TIMEOUTS = "timeouts"
+FINAL_UPSERT = "final upsert"
+START_ATTRIBUTES = "start attributes"
+PRIORITY = "priority"
+OUR_SHAPE = (PATCHES, TIMEOUTS, FINAL_UPSERT, START_ATTRIBUTES, PRIORITY)
+
+
 @workflow.defn
 class BareWorkflow:
-    """One activity. `shaped`: with what our job's workflow asks of the server besides (its
-    three patches, each a marker and an upsert of TemporalChangeVersion by the SDK; a
-    heartbeat timeout and a schedule-to-close; its state upserted at the end; started with
-    our search attributes and a priority and fairness key), so the engine's cost of that
-    shape can be told from our processes' cost."""
+    """One activity; with `shape`, also those parts of our job's workflow (OUR_SHAPE), so the
+    engine's cost of that shape can be told from our processes' cost."""
 
     @workflow.run
-    async def run(self, text: str, sleep_s: float, shaped: bool = False) -> str:
-        if not shaped:
-            return await workflow.execute_activity(
-                echo, args=[text, sleep_s], start_to_close_timeout=timedelta(seconds=30)
-            )
-        for patch in ("one", "two", "three"):
-            workflow.patched(patch)
+    async def run(self, text: str, sleep_s: float, shape: list[str] | None = None) -> str:
+        shape = shape or []
+        if PATCHES in shape:
+            for patch in ("one", "two", "three"):
+                workflow.patched(patch)
+        timeouts = TIMEOUTS in shape
         result = await workflow.execute_activity(
             echo,
             args=[text, sleep_s],
-            schedule_to_close_timeout=timedelta(minutes=10),
             start_to_close_timeout=timedelta(seconds=30),
-            heartbeat_timeout=timedelta(seconds=10),
+            schedule_to_close_timeout=timedelta(minutes=10) if timeouts else None,
+            heartbeat_timeout=timedelta(seconds=10) if timeouts else None,
         )
-        workflow.upsert_search_attributes(
-            [sa.JOB_STATE.value_set("succeeded"), sa.ATTEMPT.value_set(1)]
-        )
+        if FINAL_UPSERT in shape:
+            workflow.upsert_search_attributes(
+                [sa.JOB_STATE.value_set("succeeded"), sa.ATTEMPT.value_set(1)]
+            )
         return result
 
 
@@ -92,11 +104,11 @@ async def bare_temporal(
     sleep_s: float = 0.0,
     timeout: float = 600,
     *,
-    shaped: bool = False,
+    shape: Sequence[str] = (),
 ) -> tuple[float, str]:
     """Seconds from the first start_workflow to the last workflow completed, and whose CPU
-    it took: `jobs` bare workflows started `concurrency` at a time, one worker process (this
-    module's)."""
+    it took: `jobs` bare workflows (with those parts of our workflow's `shape`) started
+    `concurrency` at a time, one worker process (this module's)."""
     from bench.harness import CpuMeter, target, wait_for_pollers
 
     task_queue = f"bare-{uuid.uuid4().hex[:8]}"
@@ -112,13 +124,13 @@ async def bare_temporal(
             for i in starts:
                 await env.client.start_workflow(
                     BareWorkflow.run,
-                    args=[f"bare {i}", sleep_s, shaped],
+                    args=[f"bare {i}", sleep_s, list(shape)],
                     id=f"{task_queue}-{i}",
                     task_queue=task_queue,
-                    search_attributes=shaped_attributes(i) if shaped else None,
+                    search_attributes=shaped_attributes(i) if START_ATTRIBUTES in shape else None,
                     # As the dispatcher starts ours: a priority key and the org as fairness key.
                     priority=Priority(priority_key=51, fairness_key="bench")
-                    if shaped
+                    if PRIORITY in shape
                     else Priority.default,
                 )
 
@@ -138,3 +150,7 @@ async def bare_temporal(
 
 if __name__ == "__main__":
     asyncio.run(run_worker(sys.argv[1], sys.argv[2]))
+    # The worker has shut down. Skip the interpreter's finalisation, during which the SDK's
+    # runtime threads may still call back into Python ("Fatal Python error:
+    # PyGILState_Release" on some exits).
+    os._exit(0)

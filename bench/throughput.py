@@ -9,7 +9,7 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from bench.bare import bare_temporal
+from bench.bare import OUR_SHAPE, bare_temporal
 from bench.harness import (
     CpuMeter,
     Report,
@@ -75,7 +75,7 @@ async def main() -> Report:
         bare_s, bare_cpu = await bare_temporal(env, JOBS, CONCURRENCY)
         report.add("bare Temporal", f"{JOBS / bare_s:.1f} jobs/s ({bare_s:.1f} s)")
         report.add("bare Temporal, CPU", bare_cpu)
-        shaped_s, shaped_cpu = await bare_temporal(env, JOBS, CONCURRENCY, shaped=True)
+        shaped_s, shaped_cpu = await bare_temporal(env, JOBS, CONCURRENCY, shape=OUR_SHAPE)
         report.add(
             "bare Temporal, our workflow's shape",
             f"{JOBS / shaped_s:.1f} jobs/s ({shaped_s:.1f} s)",
