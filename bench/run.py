@@ -16,6 +16,7 @@ NAMES = [
     "stream_output",
     "cancel_latency",
     "workflow_cost",
+    "shape",
 ]
 
 
