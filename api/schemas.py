@@ -49,6 +49,8 @@ class SubmitPrompt(BaseModel):
     after: list[Annotated[StrictStr, Field(min_length=1, max_length=40, pattern=NO_NUL)]] = Field(
         default_factory=list,
         max_length=MAX_PARENTS,
+        # The OpenAPI document says what _distinct enforces.
+        json_schema_extra={"uniqueItems": True},
         description="A chain: prompt ids this prompt runs after, once each one's current job "
         "has succeeded; `{{after[0]}}` or `{{after.<prompt_id>}}` in the prompt is replaced by "
         "that parent's response text",

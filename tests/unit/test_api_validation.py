@@ -102,6 +102,14 @@ def test_the_openapi_document_types_every_error_as_problem_json() -> None:
     assert provider["anyOf"][0]["enum"] == ["fake"]
 
 
+def test_the_openapi_document_says_a_chain_names_each_parent_once() -> None:
+    # Schemathesis (many examples) found `after` refused with a repeat the document allowed.
+    schema = SubmitPrompt.model_json_schema()["properties"]["after"]
+    assert schema["uniqueItems"] is True
+    with pytest.raises(ValidationError, match="listed twice"):
+        SubmitPrompt.model_validate({"prompt": "x", "after": ["pmt_a", "pmt_a"]})
+
+
 def _event(event_id: int, org: str, author: str = "alice") -> JobEvent:
     return JobEvent(
         id=event_id, type="job.state_changed", job_id=f"job{event_id}", prompt_id="p",
