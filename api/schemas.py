@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import (
@@ -26,6 +26,9 @@ from projections.writes import RetryChanges
 # Shared by a submission and a retry's replacements, so both are validated alike.
 PriorityField = Annotated[int, Field(ge=0, le=100), *JSON_INTEGER]
 MaxAttemptsField = Annotated[int, Field(ge=1, le=10), *JSON_INTEGER]
+# How far ahead a job may be scheduled: well inside Temporal's own cap on a start delay
+# (100 years, past which it would start the workflow early, silently).
+SCHEDULE_HORIZON = timedelta(days=3653)
 
 
 class SubmitPrompt(BaseModel):
@@ -41,7 +44,9 @@ class SubmitPrompt(BaseModel):
         default=None, description="Attempts before the job fails; default 3"
     )
     scheduled_for: Annotated[AwareDatetime, Strict(False)] | None = Field(
-        default=None, description="Start the job at this time (ISO-8601 with offset)"
+        default=None,
+        description="Start the job at this time (ISO-8601 with offset), at most 10 years "
+        "ahead; a time past means now",
     )
     options: PromptOptions = Field(default_factory=PromptOptions)
     parent_id: str | None = Field(default=None, max_length=40, pattern=NO_NUL)
@@ -72,6 +77,22 @@ class SubmitPrompt(BaseModel):
                 "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
             )
         return value
+
+    @field_validator("scheduled_for")
+    @classmethod
+    def _within_reach(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        try:
+            utc = value.astimezone(UTC)
+        except OverflowError:
+            # Year 1 at +01:00 is in year 0 in UTC, which no datetime can hold.
+            raise PydanticCustomError(
+                "datetime_out_of_range", "is out of range: give a time between years 1 and 9999 UTC"
+            ) from None
+        if utc > datetime.now(UTC) + SCHEDULE_HORIZON:
+            raise PydanticCustomError("scheduled_too_far", "must be at most 10 years ahead")
+        return utc
 
     def options_as_sent(self) -> dict[str, Any]:
         """The options exactly as the client gave them (what is stored and fingerprinted)."""

@@ -126,6 +126,10 @@ def _fake(behaviour: dict[str, Any]) -> dict[str, Any]:
     return {"prompt": "x", "options": {"fake": behaviour}}
 
 
+def _at(scheduled_for: str) -> dict[str, Any]:
+    return {"prompt": "x", "scheduled_for": scheduled_for}
+
+
 INVALID_BODIES: list[tuple[str, Any, str]] = [
     ("unknown field", {"prompt": "x", "colour": "red"}, "body.colour"),
     ("empty prompt", {"prompt": ""}, "body.prompt"),
@@ -138,6 +142,11 @@ INVALID_BODIES: list[tuple[str, Any, str]] = [
     ("max_attempts 11", {"prompt": "x", "max_attempts": 11}, "body.max_attempts"),
     ("naive time", {"prompt": "x", "scheduled_for": "2030-01-01T00:00"}, "body.scheduled_for"),
     ("numeric scheduled_for", {"prompt": "x", "scheduled_for": 1e9}, "body.scheduled_for"),
+    # Temporal would start it early (it caps a start delay at 100 years).
+    ("scheduled too far", _at("2200-01-01T00:00:00Z"), "body.scheduled_for"),
+    # In UTC, years 0 and 10000: they were a 500.
+    ("scheduled before year 1 UTC", _at("0001-01-01T00:00:00+01:00"), "body.scheduled_for"),
+    ("scheduled after year 9999 UTC", _at("9999-12-31T23:59:59-01:00"), "body.scheduled_for"),
     ("unknown option", {"prompt": "x", "options": {"colour": 1}}, "body.options.colour"),
     ("bad fake latency", _fake({"latency_ms": -1}), "body.options.fake.latency_ms"),
     ("bad fake error kind", _fake({"fail": ["meteor"]}), "body.options.fake.fail.0"),
