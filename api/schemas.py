@@ -92,7 +92,8 @@ class SubmitPrompt(BaseModel):
             ) from None
         if utc > datetime.now(UTC) + SCHEDULE_HORIZON:
             raise PydanticCustomError("scheduled_too_far", "must be at most 10 years ahead")
-        return utc
+        # As sent, offset and all: an idempotent replay's fingerprint is taken from it.
+        return value
 
     def options_as_sent(self) -> dict[str, Any]:
         """The options exactly as the client gave them (what is stored and fingerprinted)."""
