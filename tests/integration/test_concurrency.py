@@ -120,9 +120,9 @@ async def test_workers_and_apis_at_once_keep_every_job_legal(
             for e in by_job[job_id]
         ]
         assert job.state is JobState.SUCCEEDED, (job_id, fails, story)
+        assert [event[1:4] for event in story] == expected_events(fails), story
         assert job.attempt == len(fails) + 1
         assert job.last_event_id == story[-1][0]
-        assert [event[1:4] for event in story] == expected_events(fails), story
         for before, after in zip(by_job[job_id], by_job[job_id][1:], strict=False):
             assert is_allowed(before.state, after.state, after.data["error_kind"])
 
