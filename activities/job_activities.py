@@ -98,10 +98,9 @@ def cut_off_by_shutdown() -> bool:
 
 @dataclass(frozen=True)
 class Succeeded:
-    """A successful call: the job's prompt, what it produced, the streamed text not written
-    yet, and the attempt's usage record."""
+    """A successful call: what it produced, the streamed text not written yet, and the
+    attempt's usage record."""
 
-    prompt_id: str
     outcome: AdapterOutcome
     tail: OutputBatch | None
     usage: AttemptUsage
@@ -145,6 +144,7 @@ class AttemptMeter:
         if given_out is None:
             given_out, estimated = estimate_tokens(output.text), True
         first = output.first_delta_at
+        origin = output.called_at or self.began
         return AttemptUsage(
             job_id=self.request.job_id,
             attempt=self.request.attempt,
@@ -157,7 +157,7 @@ class AttemptMeter:
             usage_estimated=estimated,
             cost_usd=self.owner.prices.cost(model, given_in, given_out),
             output_chars=output.length,
-            first_token_ms=None if first is None else round((first - self.began) * 1000),
+            first_token_ms=None if first is None else round((first - origin) * 1000),
             duration_ms=round((time.monotonic() - self.began) * 1000),
             started_at=self.began_at,
             ended_at=datetime.now(UTC),
@@ -244,9 +244,7 @@ class JobActivities:
         if not call.settle_success:
             await self._end_attempt(done.tail, done.usage)
             return done.outcome
-        settled = await self._settle_success(
-            call.job_id, done.prompt_id, done.outcome, done.tail, done.usage
-        )
+        settled = await self._settle_success(call.job_id, done.outcome, done.tail, done.usage)
         # The response text is in the projection now; it need not enter workflow history.
         return replace(done.outcome, text="", settled=settled)
 
@@ -345,7 +343,7 @@ class JobActivities:
             ),
             attempt=attempt,
         )
-        return Succeeded(prompt.prompt_id, outcome, stream.unwritten(), usage)
+        return Succeeded(outcome, stream.unwritten(), usage)
 
     async def _stopped(self, job_id: str, attempt: int, why: str) -> BaseException:
         """The call was stopped because the row no longer wants it. A settled row ends the
@@ -472,18 +470,16 @@ class JobActivities:
     async def finalize_success(self, final: FinalizeSuccess) -> SettleResult:
         """Persist the response and mark the job succeeded, if the attempt is still current.
         (Workflows started before the patch `settle-success-in-call` only.)"""
-        job, _prompt = await self._load(final.job_id)
-        return await self._settle_success(final.job_id, job.prompt_id, final.outcome)
+        return await self._settle_success(final.job_id, final.outcome)
 
     async def _settle_success(
         self,
         job_id: str,
-        prompt_id: str,
         outcome: AdapterOutcome,
         tail: OutputBatch | None = None,
         usage: AttemptUsage | None = None,
     ) -> SettleResult:
-        response_id = response_id_for(prompt_id, outcome.provider_request_id, job_id)
+        response_id = response_id_for(job_id)
         result = await through_outages(
             "settle success",
             lambda: self.projector.succeed(

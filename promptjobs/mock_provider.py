@@ -61,6 +61,12 @@ class Script(BaseModel):
     chunks: int = Field(
         default=0, ge=0, le=100_000, description="The answer's least length in chunks (words)"
     )
+    request_id: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Answer every request with this id (header and body), as a provider that "
+        "repeats request ids does (Ollama's /v1 counts chatcmpl-0..998 and sends no header)",
+    )
 
     @classmethod
     def parse(cls, directive: str) -> Script:
@@ -430,6 +436,7 @@ class Reply:
     call: ChatCall
     words: list[str]
     truncated: bool
+    request_id: str
 
     @property
     def api(self) -> Api:
@@ -448,6 +455,12 @@ class Reply:
         if self.api == "openai":
             return "length" if self.truncated else "stop"
         return "max_tokens" if self.truncated else "end_turn"
+
+    @property
+    def answer_id(self) -> str:
+        """The id in the body (a repeated request id repeats it too)."""
+        prefix = "chatcmpl-mock-" if self.api == "openai" else "msg_mock_"
+        return f"{prefix}{self.request_id.removeprefix('req_mock_')[:12]}"
 
     def pieces(self) -> Iterator[str]:
         """The stream's text chunks, whose concatenation is `text`."""
@@ -468,7 +481,7 @@ class Reply:
         body: dict[str, Any]
         if self.api == "openai":
             body = {
-                "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
+                "id": self.answer_id,
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": call.model,
@@ -481,9 +494,9 @@ class Reply:
                 ],
                 "usage": self.usage(),
             }
-            return JSONResponse(body, headers={"x-request-id": _request_id()})
+            return JSONResponse(body, headers={"x-request-id": self.request_id})
         body = {
-            "id": f"msg_mock_{uuid.uuid4().hex[:12]}",
+            "id": self.answer_id,
             "type": "message",
             "role": "assistant",
             "model": call.model,
@@ -492,7 +505,7 @@ class Reply:
             "stop_sequence": None,
             "usage": self.usage(),
         }
-        return JSONResponse(body, headers={"request-id": _request_id()})
+        return JSONResponse(body, headers={"request-id": self.request_id})
 
     def stream(self) -> Wire:
         return OpenAIWire(self) if self.api == "openai" else AnthropicWire(self)
@@ -504,10 +517,11 @@ def _reply(call: ChatCall, script: Script) -> Reply:
     digest = hashlib.sha256(call.prompt.encode()).hexdigest()[:12]
     words = f"[mock:{digest}] {call.prompt}".split()
     words = list(islice(cycle(words), max(len(words), script.chunks)))
+    request_id = script.request_id or _request_id()
     limit = call.max_tokens
     if limit is not None and len(words) > limit:
-        return Reply(call, words[:limit], True)
-    return Reply(call, words, False)
+        return Reply(call, words[:limit], True, request_id)
+    return Reply(call, words, False, request_id)
 
 
 class Wire(Protocol):
@@ -540,7 +554,7 @@ class OpenAIWire:
     def __init__(self, reply: Reply) -> None:
         self.reply = reply
         self.base: dict[str, Any] = {
-            "id": f"chatcmpl-mock-{uuid.uuid4().hex[:12]}",
+            "id": reply.answer_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": reply.call.model,
@@ -584,7 +598,7 @@ class AnthropicWire:
 
     def head(self) -> list[bytes]:
         message: dict[str, Any] = {
-            "id": f"msg_mock_{uuid.uuid4().hex[:12]}",
+            "id": self.reply.answer_id,
             "type": "message",
             "role": "assistant",
             "model": self.reply.call.model,
@@ -648,7 +662,7 @@ class EventStream(Response):
             headers = [
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"),
-                (wire.request_id_header, _request_id().encode()),
+                (wire.request_id_header, self.reply.request_id.encode()),
             ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             complete = await self._play(wire, send, gone)

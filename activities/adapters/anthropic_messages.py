@@ -3,7 +3,6 @@ failures classified."""
 
 from __future__ import annotations
 
-import time
 from functools import cached_property
 
 import anthropic
@@ -182,7 +181,7 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
         model = options.model or self.model
         client = self.client
         answer = StreamedAnswer()
-        started = time.monotonic()
+        started = output.call_begins()
         try:
             async with (
                 streamed_call(self.name, self.timeout_s),

@@ -35,11 +35,18 @@ class StreamedOutput:
         self._parts: list[str] = []
         self.length = 0  # characters received
         self.deltas = 0
+        self.called_at: float | None = None  # time.monotonic(), when the provider call began
         self.first_delta_at: float | None = None  # time.monotonic()
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.usage_estimated = False
         self._on_delta = on_delta
+
+    def call_begins(self) -> float:
+        """The provider call starts now: the one origin of its latency and its first token's
+        time, so a response's first token never reads later than its whole answer."""
+        self.called_at = time.monotonic()
+        return self.called_at
 
     def delta(self, text: str) -> None:
         """A piece of the answer, in order (an empty one is ignored)."""

@@ -3,7 +3,6 @@ Ollama, LiteLLM, OpenRouter…) streamed through the official SDK, with its fail
 
 from __future__ import annotations
 
-import time
 from functools import cached_property
 from typing import Literal
 
@@ -164,7 +163,7 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
         client = self.client
         answer = StreamedAnswer()
         request_id: str | None = None
-        started = time.monotonic()
+        started = output.call_begins()
         try:
             async with (
                 streamed_call(self.name, self.timeout_s),

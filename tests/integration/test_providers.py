@@ -207,6 +207,35 @@ async def test_response_records_what_the_provider_answered(
     )
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_retry_never_gets_the_previous_jobs_answer_when_the_provider_repeats_ids(
+    provider_stack: Stack, provider: str
+) -> None:
+    # Ollama's /v1 answers chatcmpl-<0..998> and no request-id header: ids repeat.
+    prompt = f"Which model answers? mock:request_id=chatcmpl-7 {uuid.uuid4().hex}"
+    first = await provider_stack.submit(prompt, options={"provider": provider, "model": "model-a"})
+    job_a = await provider_stack.settled(first["job_id"])
+    retried = await provider_stack.http.post(
+        f"/v1/jobs/{first['job_id']}/retry",
+        json={"options": {"provider": provider, "model": "model-b"}},
+    )
+    assert retried.status_code == 202, retried.text
+    job_b = await provider_stack.settled(retried.json()["job_id"])
+
+    assert (job_a["state"], job_b["state"]) == (S, S)
+    assert job_a["response_id"] != job_b["response_id"]
+    answers = [
+        (await provider_stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+        for job in (job_a, job_b)
+    ]
+    assert [(a["job_id"], a["model"]) for a in answers] == [
+        (job_a["job_id"], "model-a"),
+        (job_b["job_id"], "model-b"),
+    ]
+    # Both answers carry the repeated id: it is recorded, not trusted to be unique.
+    assert {a["provider_request_id"] for a in answers} == {"chatcmpl-7"}
+
+
 async def test_admin_script_fails_the_next_requests_whatever_the_prompt(
     provider_stack: Stack, mock_provider: MockProviderServer
 ) -> None:

@@ -128,7 +128,7 @@ async def test_response_of_a_cancelled_job_is_discarded(projection: Projection) 
     job = await queued_job(projection)
     await projection.projector.start_attempt(job.job_id, 1, "w1")
     await projection.projector.apply(Transition(job.job_id, JobState.CANCELLED))
-    rid = response_id_for(job.prompt_id, None, job.job_id)
+    rid = response_id_for(job.job_id)
     late = await projection.projector.succeed(job.job_id, 1, rid, ANSWER)
     assert not late.applied
     async with projection.sessions() as session:
@@ -141,10 +141,8 @@ async def test_racing_attempts_keep_exactly_one_result(projection: Projection) -
     await projection.projector.start_attempt(job.job_id, 1, "w1")
     # w1 is presumed dead; attempt 2 starts on w2 (recorded as worker_crash).
     await projection.projector.start_attempt(job.job_id, 2, "w2")
-    stale = await projection.projector.succeed(
-        job.job_id, 1, response_id_for(job.prompt_id, "req-1", job.job_id), ANSWER
-    )
-    rid = response_id_for(job.prompt_id, "req-2", job.job_id)
+    rid = response_id_for(job.job_id)
+    stale = await projection.projector.succeed(job.job_id, 1, rid, ANSWER)
     current = await projection.projector.succeed(job.job_id, 2, rid, ANSWER)
     repeated = await projection.projector.succeed(job.job_id, 2, rid, ANSWER)
     assert (stale.applied, current.applied, repeated.applied) == (False, True, False)

@@ -310,4 +310,4 @@ def _wait_s(row: dict[str, object]) -> float:
 def _response_id(row: object) -> str:
     from projections.ids import response_id_for
 
-    return response_id_for(row.prompt_id, None, row.job_id)  # type: ignore[attr-defined]
+    return response_id_for(row.job_id)  # type: ignore[attr-defined]
