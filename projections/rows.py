@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
@@ -62,7 +62,8 @@ class JobRow(BaseModel):
         description="When the current (latest) attempt started"
     )
     finished_at: Timestamp | None
-    # Defaults: events logged before migration 0009 hold rows without them.
+    # Defaults: events logged before migration 0009 hold rows without them (and see
+    # `_as_logged_before` for the fields the API always sends but older events lack).
     input_tokens: int = Field(
         default=0, description="Input tokens of every attempt that recorded its usage, summed"
     )
@@ -72,6 +73,22 @@ class JobRow(BaseModel):
         description="What those attempts cost by the workers' price table, in US dollars; "
         "null when unknown (an attempt ran on a model without a price)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_logged_before(cls, data: Any) -> Any:
+        """A job event keeps the row as it was written, by whatever schema was current then:
+        rows logged before migration 0004 lack `options` and `attempt_started_at`, before
+        0005 `waiting_on`. Each reads as null (what the row held for it then) rather than
+        failing, so an old event never blocks a stream that replays it. These fields stay
+        required in the API's document: the API sends them on every row."""
+        if isinstance(data, dict) and not ADDED_LATER <= data.keys():
+            return {**dict.fromkeys(ADDED_LATER), **data}
+        return data
+
+
+# Fields of the row that events written by an earlier schema may lack.
+ADDED_LATER = frozenset({"options", "attempt_started_at", "waiting_on"})
 
 
 def job_row(job: Job) -> dict[str, Any]:
