@@ -20,6 +20,8 @@ from projections.scope import Scope
 
 ROLES = ("member", "admin")
 PREFIX = "pj"
+# The width of the org and user columns (PostgreSQL enforces it; SQLite would not).
+NAME_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,12 @@ async def create_key(
 ) -> IssuedKey:
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    for what, name in (("org", org), ("user", user)):
+        if not name or len(name) > NAME_CHARS or not name.isprintable() or name != name.strip():
+            raise ValueError(
+                f"{what} must be 1 to {NAME_CHARS} printable characters without spaces at "
+                f"either end, not {name[:80]!r}"
+            )
     key_id = secrets.token_hex(6)
     token = f"{PREFIX}_{key_id}_{secrets.token_urlsafe(24)}"
     async with transaction(sessions) as session:

@@ -151,7 +151,10 @@ def keys_create(
 
     async def create() -> Any:
         async with open_projection(Settings(), streams=False) as projection:
-            return await create_key(projection.sessions, org, user, role)
+            try:
+                return await create_key(projection.sessions, org, user, role)
+            except ValueError as err:
+                raise CliError(str(err)) from err
 
     issued = run(create())
     if as_json:

@@ -11,6 +11,7 @@ that cannot be handled is logged and skipped, never stops a pass.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -46,10 +47,25 @@ PRIORITY_LEVELS = 101
 WAKE_CONCURRENCY = 50
 
 
+# Temporal refuses a start whose fairness key is longer than this (in UTF-8 bytes).
+FAIRNESS_KEY_BYTES = 64
+
+
 def temporal_priority(priority: int, org: str) -> Priority:
     """Our 0 (most urgent) … 100 onto Temporal's priority keys 1 … 101 (1 is first), one key
     per priority; the org is the fairness key, so one org's burst cannot starve another's."""
-    return Priority(priority_key=1 + min(100, max(0, priority)), fairness_key=org)
+    return Priority(priority_key=1 + min(100, max(0, priority)), fairness_key=fairness_key(org))
+
+
+def fairness_key(org: str) -> str:
+    """The org itself while it fits Temporal's limit; else as much of it as fits beside a
+    digest of the whole (distinct orgs keep distinct keys, and the key stays readable)."""
+    whole = org.encode()
+    if len(whole) <= FAIRNESS_KEY_BYTES:
+        return org
+    digest = "~" + hashlib.sha256(whole).hexdigest()[:16]
+    head = whole[: FAIRNESS_KEY_BYTES - len(digest)].decode(errors="ignore")
+    return head + digest
 
 
 class TemporalUnreachable(Exception):
@@ -210,11 +226,30 @@ class Dispatcher:
             )
         except WorkflowAlreadyStartedError:
             pass
+        except RPCError as err:
+            if err.status is not RPCStatusCode.INVALID_ARGUMENT:
+                raise
+            self.temporal_reachable = True
+            await self._end_refused(job, err)
+            return
         self.temporal_reachable = True
         if await self.store.mark_dispatched(job.job_id):
             # The API cancelled the row while this start was on its way: the workflow exists
             # now, and must be cancelled too (its attempt finds the job closed meanwhile).
             await self.deliver_cancel(job.job_id)
+
+    async def _end_refused(self, job: Job, err: RPCError) -> None:
+        """Temporal refused the start as invalid: asking again gets the same answer, so the
+        job ends at once, `stuck` (it can never run), saying why, rather than waiting queued
+        for ever. The error kind is the one a queued job may fail with (docs/decisions.md)."""
+        message = f"Temporal refused to start the job: {first_line(err)}"
+        ended = await self.store.projector.apply(
+            Transition(
+                job.job_id, JobState.FAILED, error_kind=ErrorKind.STUCK, error_message=message
+            )
+        )
+        if ended.applied:
+            log.error("job %s: %s", job.job_id, message)
 
     async def deliver_cancel(self, job_id: str) -> None:
         try:

@@ -79,6 +79,14 @@ async def test_keys_create_human_output_and_a_bad_role(stack: Stack) -> None:
     assert bad.returncode == 1
     assert "--role must be one of member, admin" in bad.stderr
 
+    # The org column holds 64 characters (PostgreSQL refuses more; SQLite would keep them).
+    too_long = await asyncio.to_thread(
+        promptjobs, "keys", "create", "--org", "a" * 65, "--user", "x", database_url=url
+    )
+    assert too_long.returncode == 1
+    assert too_long.stderr.startswith("error: org must be 1 to 64 printable characters")
+    assert len(too_long.stderr.splitlines()) == 1
+
 
 async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path) -> None:
     api_port, temporal_port = free_port(), free_port()
