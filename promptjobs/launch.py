@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,19 +90,34 @@ async def start_dev_temporal(
             host, settings.temporal_ui_port, "Temporal Web UI", "PROMPTJOBS_TEMPORAL_UI_PORT"
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return await WorkflowEnvironment.start_local(
-        interceptors=interceptors,
-        ip=host,
-        port=port,
-        namespace=settings.temporal_namespace,
-        ui=ui,
-        ui_port=settings.temporal_ui_port if ui else None,
-        search_attributes=search_attributes.ALL,
-        dev_server_existing_path=temporal_cli(),
-        dev_server_database_filename=str((settings.data_dir / "temporal.db").resolve()),
-        dev_server_extra_args=DEV_SERVER_ARGS,
-        dev_server_log_level="error",
-    )
+    with _env_without_otel():
+        return await WorkflowEnvironment.start_local(
+            interceptors=interceptors,
+            ip=host,
+            port=port,
+            namespace=settings.temporal_namespace,
+            ui=ui,
+            ui_port=settings.temporal_ui_port if ui else None,
+            search_attributes=search_attributes.ALL,
+            dev_server_existing_path=temporal_cli(),
+            dev_server_database_filename=str((settings.data_dir / "temporal.db").resolve()),
+            dev_server_extra_args=DEV_SERVER_ARGS,
+            dev_server_log_level="error",
+        )
+
+
+@contextmanager
+def _env_without_otel() -> Iterator[None]:
+    """The embedded Temporal server inherits our environment, and reads the same OTEL_*
+    variables with other values allowed (`OTEL_TRACES_EXPORTER=console` makes it exit): it
+    starts without them. Our own tracing has read them already."""
+    ours = {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
+    for name in ours:
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.update(ours)
 
 
 async def dev_api_key(projection: Projection, data_dir: Path) -> str:

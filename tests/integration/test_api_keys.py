@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from projections.models import ApiKey
@@ -88,13 +89,17 @@ async def test_keys_create_human_output_and_a_bad_role(stack: Stack) -> None:
     assert len(too_long.stderr.splitlines()) == 1
 
 
-async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path) -> None:
+@pytest.mark.parametrize("traces", ["none", "console"])
+async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path, traces: str) -> None:
+    """Also with traces printed (`OTEL_TRACES_EXPORTER=console`, a documented value, which the
+    embedded Temporal server must not see), where the key sent in a stream's URL, as the web
+    page sends it, never shows in a span."""
     api_port, temporal_port = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
         PROMPTJOBS,
         *("dev", "--no-ui", "--api-port", str(api_port), "--temporal-port", str(temporal_port)),
         *("--data-dir", str(tmp_path / "data")),
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_TRACES_EXPORTER": traces},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -122,6 +127,10 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path) -> N
                 return row
 
             done = await eventually(job, lambda row: row["state"] == "succeeded", timeout=30)
+            async with curl.stream(
+                "GET", "/v1/events", params={"since": "0", "access_token": key}, headers={}
+            ) as stream:
+                assert stream.status_code == 200
         assert done["response_id"]
     finally:
         if process.returncode is None:
@@ -133,6 +142,14 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path) -> N
                 process.kill()
                 await process.wait()
     assert process.returncode == 0
+    assert process.stdout is not None
+    output = "".join(printed) + (await process.stdout.read()).decode()
+    # The banner shows it (its line, the web page's link, a curl); nothing else does.
+    banner = ("API key", "Web page", "Bearer")
+    shown = [line for line in output.splitlines() if key in line]
+    assert [line for line in shown if not any(mark in line for mark in banner)] == []
+    if traces == "console":
+        assert "access_token=REDACTED" in output
 
 
 async def test_a_revoked_key_stops_working_on_every_route_within_the_cache_ttl(

@@ -12,13 +12,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from promptjobs.tracing import start_tracing
-from tests.conftest import MockProviderServer, free_port, provider_settings, running_stack
+from promptjobs.tracing import redact_secrets, start_tracing
+from tests.conftest import (
+    MockProviderServer,
+    free_port,
+    make_settings,
+    provider_settings,
+    running_stack,
+)
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 
 
@@ -134,3 +141,44 @@ async def test_one_submission_is_one_trace_across_api_and_worker_processes(
     assert call["parent_id"] == attempt["span_id"]
     assert call["attributes"]["promptjobs.outcome"] == "ok"
     assert call["attributes"]["promptjobs.attempt"] == 1
+
+
+async def test_an_api_key_in_the_url_never_reaches_a_span(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, database_url=f"sqlite:///{tmp_path / 'jobs.db'}")
+    memory = InMemorySpanExporter()
+    tracing = start_tracing(settings, "api", exporter=memory, install_globally=False)
+    assert tracing is not None
+    async with running_stack(
+        settings, dev_server.client, run_worker=False, tracing=tracing
+    ) as stack:
+        # The web page's EventSource cannot set headers: it sends the key in the URL.
+        async with httpx.AsyncClient(base_url=stack.base_url, timeout=10) as anonymous:
+            async with anonymous.stream(
+                "GET", "/v1/events", params={"access_token": stack.api_key, "since": "0"}
+            ) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    if line.startswith(":"):
+                        break
+    tracing.shutdown()
+
+    spans = memory.get_finished_spans()
+    events = [s for s in spans if s.name.startswith("GET /v1/events")]
+    assert events, [s.name for s in spans]
+    values = [str(v) for s in spans for v in (s.attributes or {}).values()]
+    assert not [v for v in values if stack.api_key in v]
+    assert any("access_token=REDACTED" in v for v in values), values
+
+
+def test_secrets_in_a_query_are_redacted_and_nothing_else() -> None:
+    assert (
+        redact_secrets("/v1/events?since=0&access_token=pj_1_abc&job_id=job_1")
+        == "/v1/events?since=0&access_token=REDACTED&job_id=job_1"
+    )
+    assert (
+        redact_secrets("https://x.test/v1?key=AIza&alt=sse")
+        == "https://x.test/v1?key=REDACTED&alt=sse"
+    )
+    assert redact_secrets("/v1/jobs?since=0&monkey=1") == "/v1/jobs?since=0&monkey=1"
