@@ -17,6 +17,7 @@ from sse_starlette import ServerSentEvent
 from api.schemas import JobOut, OutputChunk, OutputReset
 from projections.lifecycle import EventType
 from projections.models import JobEvent
+from projections.rows import listed
 from projections.scope import Scope
 
 log = logging.getLogger("promptjobs.api")
@@ -30,8 +31,13 @@ LiveKeys = Callable[[set[str]], Awaitable[set[str]]]
 
 
 def frame(event: JobEvent) -> bytes:
-    """The event as the bytes of one SSE message: encoded once, shared by every stream."""
-    data = DATA_SHAPES.get(event.type, JobOut).model_validate(event.data).model_dump_json()
+    """The event as the bytes of one SSE message: encoded once, shared by every stream.
+    (A row logged before events left long options out is cut the same way here.)"""
+    shape = DATA_SHAPES.get(event.type)
+    if shape is None:
+        data = listed(JobOut.model_validate(event.data)).model_dump_json()
+    else:
+        data = shape.model_validate(event.data).model_dump_json()
     return ServerSentEvent(data=data, event=event.type, id=str(event.id)).encode()
 
 

@@ -20,7 +20,7 @@ from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, Promp
 from projections.chains import MAX_PARENTS
 from projections.lifecycle import JobState
 from projections.models import Job, Prompt, Response
-from projections.rows import JobRow, Timestamp
+from projections.rows import JobRow, Timestamp, listed
 from projections.writes import RetryChanges
 
 # Shared by a submission and a retry's replacements, so both are validated alike.
@@ -121,7 +121,13 @@ class RetryJob(BaseModel):
 class JobOut(JobRow):
     @classmethod
     def of(cls, job: Job) -> JobOut:
+        """The whole row: one job's own read, and the answer to acting on it."""
         return cls.model_validate(job)
+
+    @classmethod
+    def listed(cls, job: Job) -> JobOut:
+        """The row as a listing carries it, the same as an event (long options left out)."""
+        return listed(cls.model_validate(job))
 
 
 class OutputChunk(BaseModel):
@@ -217,7 +223,7 @@ class PromptOut(BaseModel):
             after=list(prompt.after or []),
             children=children,
             created_at=prompt.created_at,
-            jobs=[JobOut.of(job) for job in jobs],
+            jobs=[JobOut.listed(job) for job in jobs],
             job_count=len(jobs) if job_count is None else job_count,
         )
 

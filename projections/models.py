@@ -130,6 +130,8 @@ class PromptParent(Base):
 
 class Job(Base):
     __tablename__ = "jobs"
+    # Not a column: True where a listing's read left long options out (projections/reads.py).
+    options_omitted = False
     __table_args__ = (
         # GET /v1/jobs?since=: the caller's jobs in change order.
         Index("ix_jobs_org_last_event", "org", "last_event_id"),

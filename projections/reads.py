@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import JSON, ColumnElement, Select, Text, and_, case, func, or_, select, type_coerce
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import aliased
+from sqlalchemy.orm import InstrumentedAttribute, aliased, defer
+from sqlalchemy.orm.attributes import set_committed_value
 
 from projections.db import VisibleHorizon
 from projections.event_log import utcnow
@@ -23,6 +25,7 @@ from projections.models import (
     PromptParent,
     Response,
 )
+from projections.rows import LISTED_OPTIONS_BYTES
 from projections.scope import Scope, get_visible, scoped
 
 # How long after a job settled its last attempt may still be writing its final text (a worker
@@ -106,7 +109,7 @@ class JobReads:
         async with self.sessions() as session:
             newest = await self._newest_event_id(session)
             stmt = changed_since_query(scope, since, limit, state)
-            jobs = list((await session.execute(stmt)).scalars())
+            jobs = await listed_jobs(session, stmt, Job.options)
         if len(jobs) == limit:
             return Page(jobs, jobs[-1].last_event_id)
         return Page(jobs, max(since, newest, *(job.last_event_id for job in jobs)))
@@ -232,12 +235,15 @@ class JobReads:
                     .subquery()
                 )
                 listed = aliased(Job, ranked)
-                rows = await session.execute(
+                rows = await listed_jobs(
+                    session,
                     select(listed, ranked.c.total)
                     .where(ranked.c.rank <= LISTED_JOBS)
-                    .order_by(ranked.c.created_at, ranked.c.job_id)
+                    .order_by(ranked.c.created_at, ranked.c.job_id),
+                    listed.options,
+                    with_row=True,
                 )
-                for job, total in rows.all():
+                for job, total in rows:
                     jobs[job.prompt_id].append(job)
                     counts[job.prompt_id] = total
         return [(prompt, jobs[prompt.prompt_id], counts[prompt.prompt_id]) for prompt in prompts]
@@ -251,6 +257,33 @@ class JobReads:
             prompt = await session.get(Prompt, job.prompt_id)
         assert prompt is not None
         return prompt
+
+
+async def listed_jobs(
+    session: AsyncSession,
+    stmt: Select[Any],
+    options: InstrumentedAttribute[dict[str, Any] | None],
+    *,
+    with_row: bool = False,
+) -> list[Any]:
+    """The jobs `stmt` selects (its first entity; `options` is that entity's column), as a
+    listing carries them: options longer than LISTED_OPTIONS_BYTES are neither read from
+    the database nor held (`options_omitted` says so), so a page of jobs with 100 kB
+    `system`s weighs what a page of ordinary ones does. With `with_row`, each job comes
+    with the rest of its row: (job, *other columns)."""
+    size = func.length(sql_cast(options, Text))
+    short: ColumnElement[Any] = type_coerce(
+        case((size <= LISTED_OPTIONS_BYTES, options), else_=None), JSON
+    )
+    rows = await session.execute(
+        stmt.add_columns(short, size > LISTED_OPTIONS_BYTES).options(defer(options))
+    )
+    listed: list[Any] = []
+    for job, *rest, kept, omitted in rows.all():
+        set_committed_value(job, "options", kept)
+        job.options_omitted = bool(omitted)
+        listed.append((job, *rest) if with_row else job)
+    return listed
 
 
 def changed_since_query(

@@ -7,8 +7,9 @@ A field added here appears in both, and in the OpenAPI document.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
@@ -46,7 +47,13 @@ class JobRow(BaseModel):
         "job stays queued until they have (retry a failed parent to go on)"
     )
     options: dict[str, Any] | None = Field(
-        description="The options this job runs with: its prompt's, or those its retry gave"
+        description="The options this job runs with: its prompt's, or those its retry gave. "
+        "Null, with `options_omitted`, in a listing or an event when they are long"
+    )
+    options_omitted: bool = Field(
+        default=False,
+        description="The options are longer than a listing or an event carries (over 4 KiB "
+        "of JSON, as a long `system` makes them): `GET /v1/jobs/{id}` has them",
     )
     error_kind: ErrorKind | None
     error_message: str | None
@@ -91,6 +98,23 @@ class JobRow(BaseModel):
 ADDED_LATER = frozenset({"options", "attempt_started_at", "waiting_on"})
 
 
+# The most of a job's options (as JSON) a listed row or an event carries. A job's options
+# never change, so leaving long ones out loses nothing a GET of the job does not give; left
+# in, one tenant's 100 kB `system` would weigh on every listing, event and stream of theirs.
+LISTED_OPTIONS_BYTES = 4096
+
+
+Row = TypeVar("Row", bound="JobRow")
+
+
+def listed(row: Row) -> Row:
+    """`row` as a listing or an event carries it: long options left out and flagged."""
+    options = row.options
+    if not options or len(json.dumps(options, ensure_ascii=False).encode()) <= LISTED_OPTIONS_BYTES:
+        return row
+    return row.model_copy(update={"options": None, "options_omitted": True})
+
+
 def job_row(job: Job) -> dict[str, Any]:
     """The row as JSON-ready values (what a job event stores)."""
-    return JobRow.model_validate(job).model_dump(mode="json")
+    return listed(JobRow.model_validate(job)).model_dump(mode="json")

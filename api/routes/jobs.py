@@ -36,7 +36,9 @@ async def list_jobs(
     cursor to pass next. A job that changes again while you page moves to a later page; none
     is skipped. Page until `jobs` is empty to catch up; keep the last `next_cursor`."""
     page = await services.store.jobs_changed_since(caller, int(since), limit, state)
-    return JobList(jobs=[JobOut.of(job) for job in page.jobs], next_cursor=str(page.next_cursor))
+    return JobList(
+        jobs=[JobOut.listed(job) for job in page.jobs], next_cursor=str(page.next_cursor)
+    )
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=problem_responses(401, 404))

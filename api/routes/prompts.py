@@ -3,6 +3,7 @@ GET /v1/prompts/{id} (a prompt and its jobs)."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -11,6 +12,7 @@ from api.deps import Caller, JsonBody, ServicesDep
 from api.problems import Problem, problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.chains import UnknownPlaceholder, check_placeholders
+from projections.models import Prompt
 from projections.writes import Submission
 
 router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
@@ -94,6 +96,11 @@ async def submit_prompt(
     )
 
 
+# A page of prompts carries at most about this much prompt text and options (one prompt
+# always: a single prompt is bounded by max_prompt_bytes).
+PROMPT_PAGE_CHARS = 1 << 20
+
+
 @router.get("", response_model=PromptList, responses=problem_responses(401, 404, 422))
 async def list_prompts(
     caller: Caller,
@@ -105,19 +112,31 @@ async def list_prompts(
 ) -> PromptList:
     """The caller's prompts, newest submitted first, each with its newest 10 jobs (oldest
     first; the last is the current one) and `job_count`. `cursor` lets a client follow
-    changes from this read on."""
+    changes from this read on. A page ends early (with `next_before`) once its prompts'
+    texts and options pass 1 MiB: prompts of 100 kB each come a few at a time."""
     # Read the cursor first: any change committed after it is also after the page below.
     cursor = await services.store.latest_event_id()
     # One more than asked tells whether an older page exists.
     page = await services.store.prompts_before(caller, limit + 1, before)
-    more = len(page) > limit
-    page = page[:limit]
+    kept = _fitting([prompt for prompt, *_ in page[:limit]])
+    more = len(page) > kept
+    page = page[:kept]
     children = await services.store.children(caller, [prompt.prompt_id for prompt, *_ in page])
     return PromptList(
         prompts=[PromptOut.of(p, jobs, children[p.prompt_id], n) for p, jobs, n in page],
         next_before=page[-1][0].prompt_id if more else None,
         cursor=str(cursor),
     )
+
+
+def _fitting(prompts: list[Prompt]) -> int:
+    """How many of `prompts`, from the first, one page carries (at least one)."""
+    weight = 0
+    for taken, prompt in enumerate(prompts):
+        weight += len(prompt.text) + len(json.dumps(prompt.options))
+        if weight > PROMPT_PAGE_CHARS and taken > 0:
+            return taken
+    return len(prompts)
 
 
 @router.get("/{prompt_id}", response_model=PromptOut, responses=problem_responses(401, 404))

@@ -74,10 +74,18 @@ function retryBody(rawOptions, priority, maxAttempts) {
   return body;
 }
 
-export function openRetryForm(entry) {
-  const job = latestJob(entry);
+export async function openRetryForm(entry) {
+  let job = latestJob(entry);
   if (!job) return;
   const form = entry.parts.retryForm;
+  // A listing leaves long options out (options_omitted): the job's own read has them.
+  if (job.options_omitted) {
+    try {
+      job = await api("GET", `/v1/jobs/${encodeURIComponent(job.job_id)}`);
+    } catch (err) {
+      form.querySelector(".retry-error").textContent = err.message;
+    }
+  }
   form.querySelector(".retry-options").value = JSON.stringify(job.options || {});
   form.querySelector(".retry-priority").value = String(job.priority ?? "");
   form.querySelector(".retry-max-attempts").value = String(job.max_attempts ?? "");

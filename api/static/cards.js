@@ -159,6 +159,7 @@ export function render(entry) {
     item.append(el("span", `badge state-${j.state}`, j.state), el("span", "detail", describe(j)), el("code", "job-id", j.job_id));
     // Which options each job ran with (a retry may have changed them).
     if (j.options) item.append(el("code", "job-options", JSON.stringify(j.options)));
+    else if (j.options_omitted) item.append(el("code", "job-options", "(long options: Retry with… shows them)"));
     return item;
   });
   p.history.lastChild.replaceChildren(...items);
