@@ -225,6 +225,22 @@ Write = Callable[["WriteTx"], T]
 EVENTS_PER_TRANSACTION = 1 << 20
 
 
+class EventIdBehind(Exception):
+    """A job's row already holds an event id above the one this transaction would log next:
+    another transaction, whose id is larger (PostgreSQL: it began writing later), committed
+    a change of the job since this one took its ids. Logging now would put the job's events
+    out of the order its row went through them; the write is run again in a new transaction,
+    whose ids come after every id committed so far."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} changed in a later transaction; write again")
+        self.job_id = job_id
+
+
+# A write refused as EventIdBehind is run again this many times, each in a new transaction.
+BEHIND_RETRIES = 5
+
+
 class WriteTx:
     """One write transaction on a synchronous connection, run inside one thread hop.
 
@@ -247,6 +263,12 @@ class WriteTx:
         if self._next_event_id is None:
             self._next_event_id = self._first_event_id()
         return self._next_event_id
+
+    def check_order(self, job_id: str, row_event_id: int) -> None:
+        """Raise EventIdBehind unless this transaction's next event id comes after the job
+        row's (read under the row's lock)."""
+        if row_event_id >= self.next_event_id():
+            raise EventIdBehind(job_id)
 
     def used_event_id(self, event_id: int) -> None:
         assert event_id == self._next_event_id, "event ids are taken in order"
@@ -433,7 +455,13 @@ class GroupCommit:
         if future.done():
             return
         try:
-            [result] = await asyncio.to_thread(self.writer.run, [write])
+            for tries_left in range(BEHIND_RETRIES, -1, -1):
+                try:
+                    [result] = await asyncio.to_thread(self.writer.run, [write])
+                    break
+                except EventIdBehind:
+                    if not tries_left:
+                        raise
         except Exception as err:
             if not future.done():
                 future.set_exception(err)

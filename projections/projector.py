@@ -99,6 +99,8 @@ def _guard(t: Transition) -> list[ColumnElement[bool]]:
     where = [
         JOBS.c.job_id == bindparam("g_job_id", None),
         JOBS.c.state.in_(sources_of(t.target, t.error_kind)),
+        # Its event must come after the row's last: see `transition`.
+        JOBS.c.last_event_id < bindparam("v_last_event_id", None, type_=JOBS.c.last_event_id.type),
     ]
     if t.require_current_attempt:
         where.append(JOBS.c.attempt == bindparam("g_attempt", None, type_=Integer()))
@@ -171,6 +173,13 @@ def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
         params["g_rank"] = progress_rank(t.target, t.attempt)
     row = statement.run(tx, params)
     if row is None:
+        if tx.postgresql:
+            # Refused; if only because a transaction with larger ids changed the row since
+            # this one took its ids, the write runs again in a new transaction (whose ids
+            # are larger), so the job's events keep the order its row went through.
+            seen = current(tx, t.job_id)
+            if seen is not None:
+                tx.check_order(t.job_id, seen.last_event_id)
         return None
     job = Job(**row)
     append_event(tx, job, event_id, now)

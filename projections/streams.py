@@ -11,7 +11,7 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, case, insert, select, update
+from sqlalchemy import Integer, bindparam, case, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -78,6 +78,7 @@ def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> li
         JOBS.c.prompt_id,
         JOBS.c.org,
         JOBS.c.author,
+        JOBS.c.last_event_id,
         OUTPUTS.c.attempt.label("output_attempt"),
         OUTPUTS.c.length.label("output_length"),
     ).select_from(JOBS.outerjoin(OUTPUTS, OUTPUTS.c.job_id == JOBS.c.job_id))
@@ -98,6 +99,8 @@ def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> li
         if placed is None:
             results.append(OutputWritten(False, running))
             continue
+        # Its event after the row's last transition's (see projector.transition).
+        tx.check_order(job.job_id, job.last_event_id)
         how, batch = placed
         writes[how].append(
             {
@@ -220,7 +223,11 @@ def _add_usage_statement() -> Any:
     event_id = bindparam("event_id", None, type_=JOBS.c.last_event_id.type)
     return (
         update(JOBS)
-        .where(JOBS.c.job_id == bindparam("job_id", None))
+        .where(
+            JOBS.c.job_id == bindparam("job_id", None),
+            # A settled row's event must come after its last (see projector.transition).
+            or_(~settled, JOBS.c.last_event_id < event_id),
+        )
         .values(
             input_tokens=JOBS.c.input_tokens + bindparam("input_tokens", None, type_=Integer()),
             output_tokens=JOBS.c.output_tokens + bindparam("output_tokens", None, type_=Integer()),
@@ -254,6 +261,11 @@ def record_attempt(tx: WriteTx, usage: AttemptUsage, now: datetime) -> Job | Non
         },
     )
     if row is None:
+        if tx.postgresql:
+            last = select(JOBS.c.last_event_id).where(JOBS.c.job_id == usage.job_id)
+            seen = tx.execute(last).scalar()
+            if seen is not None:
+                tx.check_order(usage.job_id, seen)
         return None
     job = Job(**row)
     if job.state in TERMINAL:

@@ -14,9 +14,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
-from projections.db import SyncWriter, WriteTx
+from projections.db import GroupCommit, SyncWriter, WriteTx
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import JobEvent
 from projections.projector import Transition, transition, utcnow
@@ -113,3 +114,45 @@ async def test_a_paging_reader_sees_every_event_once_while_writers_commit_out_of
     assert sorted(seen) == sorted(logged)  # every event, none twice
     assert seen == sorted(seen)  # in cursor order
     assert polled == {job_id: JobState.SUCCEEDED for job_id in jobs}
+
+
+async def test_a_jobs_events_keep_its_order_when_a_batch_took_its_ids_before_another_writer(
+    projection: Projection,
+) -> None:
+    """Forced: a group commit takes its event ids (its first write), another writer (a second
+    worker process) re-queues a job and commits, then the batch cancels that job. The cancel
+    came last, so its event must come last in the log, as it does on the row."""
+    if projection.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: no transaction takes ids before another")
+    store = projection.store
+    held = (await store.submit(ADMIN, Submission("held", 50, 3, {}))).job.job_id
+    raced = (await store.submit(ADMIN, Submission("raced", 50, 3, {}))).job.job_id
+    await projection.projector.start_attempt(raced, 1, "w1")
+    has_ids, other_committed = threading.Event(), threading.Event()
+
+    def first_write(tx: WriteTx) -> None:
+        transition(tx, Transition(held, JobState.CANCELLED), utcnow())
+        has_ids.set()
+        other_committed.wait(10)
+
+    def cancel(tx: WriteTx) -> Any:
+        return transition(tx, Transition(raced, JobState.CANCELLED), utcnow())
+
+    batch = GroupCommit(projection.sessions)
+    both = asyncio.gather(batch.run(first_write), batch.run(cancel))
+    assert await asyncio.to_thread(has_ids.wait, 10)
+    other = SyncWriter(projection.engine.url.render_as_string(hide_password=False))
+    requeue = Transition(raced, JobState.QUEUED, 1, error_kind=ErrorKind.TIMEOUT, error_message="x")
+    try:
+        await asyncio.to_thread(other.run, [lambda tx: transition(tx, requeue, utcnow())])
+    finally:
+        other.dispose()
+    other_committed.set()
+    await both
+
+    events = await store.job_events(ADMIN, raced)
+    assert [e.state for e in events] == [
+        JobState.QUEUED, JobState.RUNNING, JobState.QUEUED, JobState.CANCELLED,
+    ]  # fmt: skip
+    assert [e.id for e in events] == sorted(e.id for e in events)
+    assert (await store.job(ADMIN, raced)).state is JobState.CANCELLED
