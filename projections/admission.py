@@ -15,7 +15,6 @@ SQLite the single writer serialises them.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -137,33 +136,40 @@ class OrgShare:
     waiting: int
 
 
+def _waiting() -> list[ColumnElement[bool]]:
+    return [
+        JOBS.c.awaiting_slot_since.is_not(None),
+        JOBS.c.admitted_at.is_(None),
+        JOBS.c.state == JobState.QUEUED,
+    ]
+
+
 async def slot_waiters(
     sessions: async_sessionmaker[AsyncSession], default_limit: int, batch: int = 1000
 ) -> list[str]:
-    """The waiting jobs to wake now: of each org with waiters, as many as it has free slots,
-    most urgent first (priority, then the longest waiting)."""
-    waiting = (
-        select(JOBS.c.job_id, JOBS.c.org)
-        .where(
-            JOBS.c.awaiting_slot_since.is_not(None),
-            JOBS.c.admitted_at.is_(None),
-            JOBS.c.state == JobState.QUEUED,
-        )
-        .order_by(JOBS.c.priority, JOBS.c.awaiting_slot_since, JOBS.c.job_id)
-        .limit(batch)
-    )
+    """The waiting jobs to wake now: of each org with waiters, as many as it has free slots
+    (at most `batch`), most urgent first (priority, then the longest waiting). Chosen per
+    org, so one org's thousands of waiters, and no free slot, cannot crowd out another's."""
     async with sessions() as session:
-        by_org: dict[str, list[str]] = defaultdict(list)
-        for job_id, org in (await session.execute(waiting)).all():
-            by_org[org].append(job_id)
-        if not by_org:
+        orgs = list(
+            (await session.execute(select(JOBS.c.org).where(*_waiting()).distinct())).scalars()
+        )
+        if not orgs:
             return []
-        shares = await _shares(session, list(by_org), default_limit)
-    wake: list[str] = []
-    for org, job_ids in by_org.items():
-        share = shares[org]
-        free = len(job_ids) if share.limit == 0 else max(0, share.limit - share.running)
-        wake.extend(job_ids[:free])
+        shares = await _shares(session, orgs, default_limit)
+        wake: list[str] = []
+        for org in orgs:
+            share = shares[org]
+            free = batch if share.limit == 0 else min(batch, share.limit - share.running)
+            if free <= 0:
+                continue
+            most_urgent = (
+                select(JOBS.c.job_id)
+                .where(JOBS.c.org == org, *_waiting())
+                .order_by(JOBS.c.priority, JOBS.c.awaiting_slot_since, JOBS.c.job_id)
+                .limit(free)
+            )
+            wake.extend((await session.execute(most_urgent)).scalars())
     return wake
 
 

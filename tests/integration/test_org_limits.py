@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from projections.admission import set_org_limit
+from projections.admission import set_org_limit, slot_waiters
+from projections.lifecycle import JobState
+from projections.models import Job
+from projections.scope import Scope
+from projections.writes import Submission
 from promptjobs.cli import app
+from promptjobs.runtime import Projection
 from tests.conftest import Stack, eventually, make_settings, running_stack
 
 
@@ -210,3 +216,30 @@ def test_orgs_limit_refuses_what_it_cannot_set(
     result = CliRunner().invoke(app, list(args), env=env)
     assert result.exit_code != 0
     assert message in str(result.exception)
+
+
+async def test_an_org_full_of_urgent_waiters_does_not_hide_another_orgs_waiter(
+    projection: Projection,
+) -> None:
+    """Org A runs its one slot and has more waiters at priority 0 than one wake-up pass takes;
+    org B's waiter at priority 50 has a free slot and is woken on the same pass."""
+    store, now = projection.store, datetime.now(UTC)
+
+    async def waiter(org: str, priority: int, admitted: bool = False) -> str:
+        job = (await store.submit(Scope(org, "u", "admin"), Submission("w", priority, 3, {}))).job
+        values: dict[str, Any] = (
+            {"state": JobState.RUNNING, "admitted_at": now}
+            if admitted
+            else {"awaiting_slot_since": now}
+        )
+        async with projection.sessions() as session, session.begin():
+            await session.execute(update(Job).where(Job.job_id == job.job_id).values(values))
+        return job.job_id
+
+    await waiter("org-a", 0, admitted=True)
+    crowd = [await waiter("org-a", 0) for _ in range(8)]
+    b = await waiter("org-b", 50)
+
+    woken = await slot_waiters(projection.sessions, default_limit=1, batch=5)
+    assert woken == [b]
+    assert not set(woken) & set(crowd)
