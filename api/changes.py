@@ -52,12 +52,13 @@ class LiveEvent:
     """An event the reader took from the log; its frame is encoded the first time a stream
     needs it, so an event no stream wants costs no JSON."""
 
-    __slots__ = ("_frame", "_row", "author", "id", "job_id", "org", "prompt_id")
+    __slots__ = ("_frame", "_row", "author", "id", "job_id", "org", "prompt_id", "type")
 
     def __init__(self, row: JobEvent) -> None:
         self._row: JobEvent | None = row
         self._frame: bytes | None = None
         self.id = row.id
+        self.type = row.type
         self.org = row.org
         self.author = row.author
         self.job_id = row.job_id

@@ -148,11 +148,16 @@ class EventType(StrEnum):
     # An attempt's usage was recorded after its job settled (a cancelled call's last tokens);
     # data: the job row with its new sums. Before settling, the next transition carries it.
     USAGE = "job.usage"
+    # The job's run is over and its record complete: it has settled, and its last attempt's
+    # text and usage are written (they may land after the settling transition, as a cancelled
+    # call's do). A job's last event, but for a `superseded` if it is retried later; data:
+    # the job row.
+    DONE = "job.done"
 
     @property
     def carries_row(self) -> bool:
         """Whether the event's data is a job row (else an output payload)."""
-        return self in (EventType.STATE_CHANGED, EventType.USAGE)
+        return self in (EventType.STATE_CHANGED, EventType.USAGE, EventType.DONE)
 
 
 # The states in which the current attempt's streamed text may still grow: running, and the

@@ -36,8 +36,10 @@ from projections.streams import (
     OutputBatch,
     OutputWritten,
     append_outputs,
+    log_done,
     record_attempt,
     reset_output,
+    run_is_over,
 )
 
 STATE_CHANGED = EventType.STATE_CHANGED
@@ -183,6 +185,8 @@ def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
         return None
     job = Job(**row)
     append_event(tx, job, event_id, now)
+    if t.target.is_terminal and t.target is not JobState.SUPERSEDED and run_is_over(tx, job):
+        log_done(tx, job, now)
     return job
 
 

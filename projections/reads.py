@@ -159,6 +159,23 @@ class JobReads:
             )
             return list((await session.execute(stmt)).scalars())
 
+    async def job_over_at(self, scope: Scope, job_id: str) -> int | None:
+        """Where the job's event stream ends: the id of its `job.done`; or, for a job settled
+        longer than OUTPUT_SETTLE ago without one (its last attempt's worker died while it
+        was being cancelled, or it settled before `job.done` was logged), its newest event.
+        None while its run goes on."""
+        job = await self.job(scope, job_id)
+        newest = select(func.max(JobEvent.id)).where(JobEvent.job_id == job_id)
+        async with self.sessions() as session:
+            done = await session.scalar(newest.where(JobEvent.type == EventType.DONE))
+            if done is not None:
+                return int(done)
+            settled = job.finished_at
+            if job.state.is_terminal and settled and settled < utcnow() - OUTPUT_SETTLE:
+                last = await session.scalar(newest)
+                return int(last) if last is not None else 0
+        return None
+
     async def latest_event_id(self) -> int:
         async with self.sessions() as session:
             return await self._newest_event_id(session)

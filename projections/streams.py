@@ -19,6 +19,7 @@ from projections.db import WriteTx
 from projections.event_log import append_event, log_event, log_events, prepared
 from projections.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.models import Attempt, Base, Job, JobOutput
+from projections.rows import job_row
 
 JOBS = Base.metadata.tables[Job.__tablename__]
 OUTPUTS = Base.metadata.tables[JobOutput.__tablename__]
@@ -270,4 +271,23 @@ def record_attempt(tx: WriteTx, usage: AttemptUsage, now: datetime) -> Job | Non
     job = Job(**row)
     if job.state in TERMINAL:
         append_event(tx, job, event_id, now, EventType.USAGE)
+        if usage.attempt == job.attempt:
+            log_done(tx, job, now)
     return job
+
+
+def run_is_over(tx: WriteTx, job: Job) -> bool:
+    """Whether a job that has just settled has all of its record: it never started an
+    attempt, or its last attempt's usage (written with its last text) is in. Otherwise that
+    attempt is still ending (a cancelled call) and `record_attempt` logs the end."""
+    if job.attempt == 0:
+        return True
+    recorded = select(ATTEMPTS.c.attempt).where(
+        ATTEMPTS.c.job_id == job.job_id, ATTEMPTS.c.attempt == job.attempt
+    )
+    return tx.execute(recorded).first() is not None
+
+
+def log_done(tx: WriteTx, job: Job, now: datetime) -> None:
+    """Log `job.done`: the job's stream is complete (EventType.DONE)."""
+    log_event(tx, EventType.DONE, job, job_row(job), now)

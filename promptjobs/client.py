@@ -252,6 +252,38 @@ def state_event(sse: ServerSentEvent) -> Event | None:
     return Event(id=sse.id, type=sse.event, job=JobOut.model_validate_json(sse.data))
 
 
+def job_row(sse: ServerSentEvent) -> JobOut | None:
+    """The job row an event carries (a state change, a late usage, the job's end)."""
+    if sse.event not in (EventType.STATE_CHANGED, EventType.USAGE, EventType.DONE):
+        return None
+    return JobOut.model_validate_json(sse.data) if sse.data else None
+
+
+def final_row(sse: ServerSentEvent) -> JobOut | None:
+    """The job's final row if `sse` is its `job.done`: the end of the job's stream."""
+    if sse.event != EventType.DONE or not sse.data:
+        return None
+    return JobOut.model_validate_json(sse.data)
+
+
+class JobStreamEnd:
+    """Tells, for a stream of one job, when the job is over: at its `job.done`, or when the
+    server ends the stream after the job has settled (a job that settled without one)."""
+
+    def __init__(self, job_id: str | None) -> None:
+        self.job_id = job_id
+        self.settled = False
+
+    def saw(self, sse: ServerSentEvent) -> None:
+        event = state_event(sse)
+        if sse.event == EventType.DONE or (event is not None and is_terminal(event.job)):
+            self.settled = True
+
+    @property
+    def over(self) -> bool:
+        return self.job_id is not None and self.settled
+
+
 def output_piece(sse: ServerSentEvent) -> OutputChunk | OutputReset | None:
     if sse.event == EventType.OUTPUT and sse.data:
         return OutputChunk.model_validate_json(sse.data)
@@ -494,10 +526,12 @@ class PromptJobs:
         prompt_id: str | None = None,
         until: float | None = None,
     ) -> Iterator[ServerSentEvent]:
-        """Every event of `GET /v1/events` (state changes, output, resets, usage), as
-        `events()` reads them: resumed across drops with no gap and no repeat."""
+        """Every event of `GET /v1/events` (state changes, output, resets, usage, done), as
+        `events()` reads them: resumed across drops with no gap and no repeat. A stream of
+        one job (`job_id`) ends when the server ends it after the job is over."""
         cursor = since
         retry = 0
+        end = JobStreamEnd(job_id)
         while until is None or time.monotonic() < until:
             headers = {"Last-Event-ID": cursor} if cursor is not None else {}
             params = sse_params(None if cursor is not None else since, job_id, prompt_id)
@@ -538,7 +572,10 @@ class PromptJobs:
                             continue
                         retry = 0
                         cursor = sse.id
+                        end.saw(sse)
                         yield sse
+                    if end.over:
+                        return  # the server ends a job's stream once the job is over
             except httpx.TransportError as err:
                 if until is not None and time.monotonic() >= until:
                     return
@@ -562,23 +599,26 @@ class Job:
         return self.client.get_job(self.id)
 
     def events(self, *, until: float | None = None) -> Iterator[JobOut]:
-        """This job's state changes (each the row after it), from its first, until it is
-        settled (succeeded, failed, cancelled or superseded), or `until` passes."""
-        for event in self.client.events("0", job_id=self.id, until=until):
-            yield event.job
-            if is_terminal(event.job):
+        """This job's state changes (each the row after it), from its first, until the job
+        is over (its `job.done`: settled, with its last attempt's text and usage in), or
+        `until` passes."""
+        for sse in self.client.messages("0", job_id=self.id, until=until):
+            event = state_event(sse)
+            if event is not None:
+                yield event.job
+            if final_row(sse) is not None:
                 return
 
     def stream(self, *, until: float | None = None) -> Iterator[OutputChunk | OutputReset]:
-        """The job's text as it is produced, from its start, until it is settled: each
-        `OutputChunk` goes on from where the last ended (`offset`); an `OutputReset` means
-        a new attempt starts over, so drop what you have. Over SSE, resumed across drops."""
+        """The job's text as it is produced, from its start, until the job is over (its
+        `job.done`: a cancelled call's last words come after the cancel): each `OutputChunk`
+        goes on from where the last ended (`offset`); an `OutputReset` means a new attempt
+        starts over, so drop what you have. Over SSE, resumed across drops."""
         for sse in self.client.messages("0", job_id=self.id, until=until):
             piece = output_piece(sse)
             if piece is not None:
                 yield piece
-            event = state_event(sse)
-            if event is not None and is_terminal(event.job):
+            if final_row(sse) is not None:
                 return
 
     def wait(self, timeout: float | None = None) -> JobOut:
@@ -589,8 +629,10 @@ class Job:
         if is_terminal(last):
             return last
         try:
-            for job in self.events(until=deadline):
-                last = job
+            for sse in self.client.messages("0", job_id=self.id, until=deadline):
+                last = job_row(sse) or last
+                if final_row(sse) is not None:
+                    return last
         except (StreamUnavailable, APIConnectionError):
             return self._poll(deadline, timeout)
         if is_terminal(last):
@@ -795,10 +837,13 @@ class AsyncPromptJobs:
         """As `PromptJobs.messages`."""
         cursor = since
         retry = 0
+        end = JobStreamEnd(job_id)
         while True:
             headers = {"Last-Event-ID": cursor} if cursor is not None else {}
             params = sse_params(None if cursor is not None else since, job_id, prompt_id)
-            timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+            # The server pings an idle stream every few seconds; silence this long is a dead
+            # link, dropped and resumed like any other.
+            timeout = httpx.Timeout(self._http.timeout.connect, read=SILENT_STREAM_S)
             try:
                 async with aconnect_sse(
                     self._http, "GET", "/v1/events", params=params, headers=headers, timeout=timeout
@@ -822,7 +867,10 @@ class AsyncPromptJobs:
                             continue
                         retry = 0
                         cursor = sse.id
+                        end.saw(sse)
                         yield sse
+                    if end.over:
+                        return  # the server ends a job's stream once the job is over
             except httpx.TransportError as err:
                 wait = self.retry_policy.delay(retry, None)
                 if wait is None:
@@ -843,9 +891,12 @@ class AsyncJob:
         return await self.client.get_job(self.id)
 
     async def events(self) -> AsyncIterator[JobOut]:
-        async for event in self.client.events("0", job_id=self.id):
-            yield event.job
-            if is_terminal(event.job):
+        """As `Job.events`."""
+        async for sse in self.client.messages("0", job_id=self.id):
+            event = state_event(sse)
+            if event is not None:
+                yield event.job
+            if final_row(sse) is not None:
                 return
 
     async def stream(self) -> AsyncIterator[OutputChunk | OutputReset]:
@@ -854,8 +905,7 @@ class AsyncJob:
             piece = output_piece(sse)
             if piece is not None:
                 yield piece
-            event = state_event(sse)
-            if event is not None and is_terminal(event.job):
+            if final_row(sse) is not None:
                 return
 
     async def wait(self, timeout: float | None = None) -> JobOut:
@@ -867,8 +917,10 @@ class AsyncJob:
         try:
             async with asyncio.timeout_at(deadline):
                 try:
-                    async for job in self.events():
-                        last = job
+                    async for sse in self.client.messages("0", job_id=self.id):
+                        last = job_row(sse) or last
+                        if final_row(sse) is not None:
+                            break
                     return last
                 except (StreamUnavailable, APIConnectionError):
                     pass

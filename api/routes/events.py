@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -15,6 +15,7 @@ from api.changes import StreamLimit, StreamScope, frame
 from api.deps import ServicesDep, StreamCaller
 from api.problems import Problem, problem_responses
 from api.routes.jobs import CURSOR_PATTERN
+from projections.lifecycle import EventType
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 
@@ -25,6 +26,8 @@ RECONNECT_MS = 1000
 STREAM_RETRY_AFTER_S = 5
 LIFETIME_JITTER = 0.1
 SEND_TIMEOUT_S = 60.0
+# How often an idle stream of one job asks whether the job is over without a job.done.
+OVER_CHECK_S = 5.0
 
 
 @router.get(
@@ -67,13 +70,21 @@ async def stream_events(
     Authenticate with `Authorization: Bearer <key>`, or, from a browser `EventSource` (which
     cannot send headers), with `?access_token=<key>`.
 
-    A stream ends cleanly after `PROMPTJOBS_SSE_MAX_LIFETIME_S`, when its client reads too
+    A stream of one job (`?job_id=`) ends once it has sent the job's `job.done` event (the
+    job has settled and its last text and usage are in): do not reconnect then. A job
+    settled more than 30 s ago without one (its worker died while it was being cancelled)
+    ends the same way after its last event.
+
+    Any stream ends cleanly after `PROMPTJOBS_SSE_MAX_LIFETIME_S`, when its client reads too
     slowly, when its key is revoked, or when the API shuts down: reconnect with
     `Last-Event-ID` and nothing is missed. Too many open streams (per key, per API process)
     is a `429` with `Retry-After`."""
     scope = caller.scope
+    store = services.store
+    # Where this job's stream ends (its job.done), once known; None: not yet, or not a job's.
+    over: int | None = None
     if job_id is not None:
-        await services.store.job(scope, job_id)
+        over = await store.job_over_at(scope, job_id)
     if prompt_id is not None:
         await services.store.prompt(scope, prompt_id)
     resume = last_event_id if last_event_id is not None else since
@@ -91,19 +102,32 @@ async def stream_events(
     # Streams opened together (after a deploy, say) should not all end together.
     lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 
+    def job_over(events: list[Any], cursor: int) -> bool:
+        """Whether a job's stream has sent all of it: its job.done, or up to `over`."""
+        if job_id is None:
+            return False
+        return any(e.type == EventType.DONE for e in events) or (
+            over is not None and cursor >= over
+        )
+
     async def events() -> AsyncIterator[ServerSentEvent | bytes]:
+        nonlocal over
         # Delivered up to here; the live feed starts after `sub.start`, and whatever came
         # before that (the resume's backlog) is read from the log, so the seam has no gap,
         # and dropping what is not after `cursor` leaves no duplicate.
         cursor = int(resume) if resume is not None else sub.start
-        deadline = asyncio.get_running_loop().time() + lifetime_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + lifetime_s
+        next_over_check = loop.time() + OVER_CHECK_S
         try:
             yield ServerSentEvent(comment="connected", retry=RECONNECT_MS)
+            if job_over([], cursor):
+                return  # a resume after the job's end: nothing more will come
             while cursor < sub.start and sub.ended is None:
                 # A client leaving cancels this generator; a read cut off inside its
                 # transaction could leave SQLite's lock held, so the read finishes regardless.
                 backlog = await asyncio.shield(
-                    services.store.events_since(
+                    store.events_since(
                         scope, cursor, BATCH, job_id=job_id, prompt_id=prompt_id, until=sub.start
                     )
                 )
@@ -111,16 +135,27 @@ async def stream_events(
                     break
                 yield b"".join(frame(event) for event in backlog)
                 cursor = backlog[-1].id
+                if job_over(backlog, cursor):
+                    return
             while sub.ended is None:
-                remaining = deadline - asyncio.get_running_loop().time()
+                remaining = deadline - loop.time()
                 if remaining <= 0:
                     return  # the lifetime is over: the client resumes with Last-Event-ID
-                live = [event for event in await sub.take(remaining) if event.id > cursor]
+                wait = remaining if job_id is None else min(remaining, OVER_CHECK_S)
+                live = [event for event in await sub.take(wait) if event.id > cursor]
                 if live:
                     # Everything queued goes out in one write: many small events of one job
                     # cost one send, not one each.
                     yield b"".join(event.frame for event in live)
                     cursor = live[-1].id
+                    if job_over(live, cursor):
+                        return
+                elif job_id is not None and loop.time() >= next_over_check:
+                    # A job settled without a job.done (its worker died): it ends by time.
+                    next_over_check = loop.time() + OVER_CHECK_S
+                    over = await asyncio.shield(store.job_over_at(scope, job_id))
+                    if job_over([], cursor):
+                        return
         finally:
             feed.unsubscribe(sub)
 

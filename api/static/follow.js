@@ -9,10 +9,12 @@ const POLL_BATCH = 200;
 const RECONNECT_MS = [1000, 2000, 5000, 10000, 30000];
 
 // What each SSE event type carries, and who takes it. A job.usage row (a cancelled call's
-// last tokens, recorded after the job settled) merges like any other row.
+// last tokens, recorded after the job settled) and a job.done row (the job's final row: its
+// text and usage are all in) merge like any other row.
 const EVENTS = {
   "job.state_changed": onJob,
   "job.usage": onJob,
+  "job.done": onJob,
   "job.output": onOutput,
   "job.output_reset": onOutputReset,
 };

@@ -4,6 +4,7 @@ and a stopped API (a clear error, no hang)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -354,3 +355,98 @@ async def test_events_resume_across_dropped_streams_without_gap_or_repeat(
         states == [JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED]
         for states in by_job.values()
     ), by_job
+
+
+# -- the end of a job's stream ------------------------------------------------------------
+
+
+async def test_a_cancelled_jobs_stream_ends_with_its_last_text_and_usage(stack: Stack) -> None:
+    """The cut-off text and the usage of a cancelled call land after the cancel; the stream
+    and the events end only at the job's `job.done`, so they hold them."""
+    slow = {"fake": {"latency_ms": 4000}}
+
+    def scenario() -> None:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            job = client.submit(STORY, options=slow)
+            deadline = time.monotonic() + 30
+            pieces: list[OutputChunk | OutputReset] = []
+            for piece in job.stream(until=deadline):
+                pieces.append(piece)
+                if len(pieces) == 3:
+                    job.cancel()
+            rows = list(job.events(until=deadline))
+            waited = job.wait(timeout=30)
+            final = job.get()
+            assert rows[-1].state is final.state is JobState.CANCELLED
+            assert gathered(pieces) == job.output().text
+            assert 0 < len(gathered(pieces)) < len(STORY)
+            # What wait() returns is the job's final row, its usage in.
+            assert waited == final and final.output_tokens > 0
+            assert [a.output_tokens for a in job.attempts()] == [final.output_tokens]
+
+    await asyncio.to_thread(scenario)
+
+
+async def test_a_stream_of_one_job_ends_after_the_job_is_over(stack: Stack) -> None:
+    job = await stack.submit("brief", options=QUICK)
+    await stack.settled(job["job_id"])
+    params = {"since": "0", "job_id": job["job_id"]}
+    async with asyncio.timeout(20):
+        response = await stack.http.get("/v1/events", params=params)
+    assert response.status_code == 200
+    kinds = [
+        line.split(": ", 1)[1] for line in response.text.splitlines() if line.startswith("event:")
+    ]
+    assert kinds[0] == "job.state_changed" and kinds[-1] == "job.done"
+    assert kinds.count("job.done") == 1
+    # A resume after its end ends at once.
+    last_id = [line for line in response.text.splitlines() if line.startswith("id:")][-1]
+    async with asyncio.timeout(20):
+        again = await stack.http.get(
+            "/v1/events",
+            params={"job_id": job["job_id"]},
+            headers={"Last-Event-ID": last_id.split(": ", 1)[1]},
+        )
+    assert "event:" not in again.text
+
+
+async def test_the_async_client_drops_a_silent_stream_instead_of_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that answers 200 text/event-stream and then says nothing: the async client
+    counts the silence as a dead link (as the sync one does), and `wait()` goes on polling."""
+    import promptjobs.client
+
+    monkeypatch.setattr(promptjobs.client, "SILENT_STREAM_S", 0.5)
+    polls: list[float] = []
+
+    async def silent(request: Request) -> Response:
+        if request.url.path == "/v1/events":
+
+            async def nothing() -> AsyncIterator[bytes]:
+                await asyncio.sleep(3600)
+                yield b""
+
+            from starlette.responses import StreamingResponse
+
+            return StreamingResponse(nothing(), media_type="text/event-stream")
+        polls.append(time.monotonic())
+        state = "queued" if len(polls) < 3 else "succeeded"
+        row = {
+            "job_id": "job_1", "prompt_id": "pmt_1", "state": state, "priority": 50,
+            "attempt": 1, "max_attempts": 3, "waiting_on": None, "options": {},
+            "error_kind": None, "error_message": None, "next_attempt_at": None,
+            "response_id": None, "supersedes": None, "superseded_by": None,
+            "scheduled_for": None, "created_at": "2026-01-01T00:00:00Z",
+            "updated_at": "2026-01-01T00:00:00Z", "started_at": None,
+            "attempt_started_at": None, "finished_at": None,
+        }  # fmt: skip
+        return Response(json.dumps(row), media_type="application/json")
+
+    app = Starlette(routes=[Route("/{path:path}", silent)])
+    quick = RetryPolicy(max_retries=1, initial_s=0.1)
+    async with serve(app) as url, AsyncPromptJobs(url, "pj_any_key", retry=quick) as client:
+        client.poll_interval_s = 0.1
+        async with asyncio.timeout(20):
+            done = await client.job("job_1").wait(timeout=15)
+    assert done.state is JobState.SUCCEEDED

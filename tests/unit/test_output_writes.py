@@ -111,9 +111,11 @@ async def test_usage_is_recorded_once_and_an_unknown_cost_stays_unknown(
     await projection.projector.end_attempt(None, usage(job_id, 2, None, tokens=1))
     row = await projection.store.job(ALICE, job_id)
     assert (row.input_tokens, row.output_tokens, row.cost_usd) == (11, 22, None)
-    last = (await projection.store.job_events(ALICE, job_id, kinds=tuple(EventType)))[-1]
+    *_, last, done = await projection.store.job_events(ALICE, job_id, kinds=tuple(EventType))
     assert last.type == EventType.USAGE and last.data["output_tokens"] == 22
     assert row.last_event_id == last.id
+    # ...and the job's record is complete only now: its stream ends here.
+    assert done.type == EventType.DONE and done.data["output_tokens"] == 22
     _job, attempts = await projection.store.attempts(ALICE, job_id)
     assert [(a.attempt, a.cost_usd) for a in attempts] == [(1, 0.25), (2, None)]
 
