@@ -21,13 +21,16 @@ class RetentionActivities:
         transaction so that job writes interleave; a retried run resumes where one ended,
         since each batch is committed on its own."""
         before = datetime.now(UTC) - timedelta(days=request.retention_days)
-        report = ArchiveReport(before=before.isoformat())
-        while True:
-            done = await operations.archive(self.sessions, before=before, batch=request.batch)
-            report.jobs += done.jobs
-            report.events += done.events
-            report.prompts += done.prompts
-            report.responses += done.responses
-            activity.heartbeat(report.jobs)
-            if done.jobs < request.batch:
-                return report
+        done = await operations.archive_in_batches(
+            self.sessions,
+            before=before,
+            batch=request.batch,
+            progress=lambda so_far: activity.heartbeat(so_far.jobs),
+        )
+        return ArchiveReport(
+            jobs=done.jobs,
+            events=done.events,
+            prompts=done.prompts,
+            responses=done.responses,
+            before=before.isoformat(),
+        )

@@ -5,6 +5,7 @@ reaches them (API keys are member or admin of one org)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -319,6 +320,33 @@ async def archive(
             )
             await session.execute(delete(Prompt).where(orphan))
     return counts
+
+
+async def archive_in_batches(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    before: datetime,
+    batch: int,
+    progress: Callable[[Archived], None] | None = None,
+) -> Archived:
+    """`archive` a batch per transaction until a batch comes back short: each transaction
+    holds the write lock (SQLite) or the visible horizon (PostgreSQL: SSE and `?since=` wait
+    for the oldest transaction in flight) only briefly. `progress` hears the totals after
+    each batch. Interrupted, it has removed whole batches; run again, it goes on."""
+    total = Archived(0, 0, 0, 0, dry_run=False)
+    while True:
+        done = await archive(sessions, before=before, batch=batch)
+        total = Archived(
+            total.jobs + done.jobs,
+            total.events + done.events,
+            total.prompts + done.prompts,
+            total.responses + done.responses,
+            dry_run=False,
+        )
+        if progress is not None:
+            progress(total)
+        if done.jobs < batch:
+            return total
 
 
 async def _count(session: AsyncSession, rows: Select[Any]) -> int:

@@ -342,12 +342,25 @@ def archive(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove settled jobs finished before a date, with their events; a prompt left with no
-    job goes too, with its responses."""
+    job goes too, with its responses. In batches of PROMPTJOBS_RETENTION_BATCH jobs, a
+    transaction each, so that submits and streams go on meanwhile; interrupted, run it
+    again."""
     cutoff = parse_when(before, "--before")
+
+    def progress(so_far: operations.Archived) -> None:
+        if not as_json:
+            typer.echo(f"… {so_far.jobs} jobs removed so far", err=True)
 
     async def act() -> operations.Archived:
         async with operator_projection() as projection:
-            return await operations.archive(projection.sessions, before=cutoff, dry_run=dry_run)
+            if dry_run:
+                return await operations.archive(projection.sessions, before=cutoff, dry_run=True)
+            return await operations.archive_in_batches(
+                projection.sessions,
+                before=cutoff,
+                batch=Settings().retention_batch,
+                progress=progress,
+            )
 
     done = run(act())
     if as_json:

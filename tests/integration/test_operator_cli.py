@@ -44,9 +44,9 @@ def cli_env(stack: Stack, **overrides: str) -> dict[str, str]:
     }
 
 
-async def cli(stack: Stack, *args: str) -> Result:
+async def cli(stack: Stack, *args: str, **env: str) -> Result:
     # A thread of its own: the command runs its own event loop, as it does from a shell.
-    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=cli_env(stack))
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=cli_env(stack, **env))
     assert result.exception is None, (result.output, result.exception)
     assert result.exit_code == 0, result.output
     return result
@@ -247,8 +247,17 @@ async def test_archive_removes_old_settled_jobs_and_their_orphaned_prompts(
     assert dry["events"] == sum(len(log) for log in logged)
     assert (await stack.job(done))["state"] == "succeeded"
 
-    human = (await cli(stack, "jobs", "archive", "--before", cutoff)).output
-    assert human.startswith(f"removed 3 jobs, {dry['events']} events, 2 prompts and 3 responses")
+    # Two jobs a transaction: three batches (the last one short), each shown as it lands.
+    archived = await cli(
+        stack, "jobs", "archive", "--before", cutoff, PROMPTJOBS_RETENTION_BATCH="2"
+    )
+    assert archived.stdout.startswith(
+        f"removed 3 jobs, {dry['events']} events, 2 prompts and 3 responses"
+    )
+    assert archived.stderr.splitlines() == [
+        "… 2 jobs removed so far",
+        "… 3 jobs removed so far",
+    ]
     for gone in (done, retried, replacement):
         assert (await stack.http.get(f"/v1/jobs/{gone}")).status_code == 404
     assert (await stack.http.get(f"/v1/responses/{finished['response_id']}")).status_code == 404
