@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api import problems
 from api.deps import Services
@@ -17,7 +18,10 @@ BODY_OVERHEAD_BYTES = 64 * 1024
 
 
 def create_app(services: Services) -> FastAPI:
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc with their scripts and styles served from the package
+    # (fastapi-offline ships them), not a CDN: the docs work on a machine with no internet.
+    app = FastAPIOffline(
+        static_url="/docs-assets",
         title="promptjobs",
         version="0.1.0",
         description=(
