@@ -31,7 +31,11 @@ def create_app(services: Services) -> FastAPI:
         ),
     )
     # JSON escapes can make a prompt's body several times its UTF-8 size.
-    app.add_middleware(BodyLimit, max_bytes=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES,
+        prompt_bytes=services.max_prompt_bytes,
+    )
     app.state.services = services
     problems.install(app)
     for module in (prompts, jobs, responses, events, health, metrics, page):

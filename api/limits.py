@@ -9,17 +9,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.problems import Problem, problem_response
 
 
-def too_large_detail(max_bytes: int) -> str:
-    return f"the request body is over {max_bytes} bytes; send a shorter prompt"
+def too_large_detail(max_bytes: int, prompt_bytes: int) -> str:
+    return (
+        f"the request body is over {max_bytes:,} bytes, far past what the largest prompt "
+        f"needs: a prompt and its options.system may be {prompt_bytes:,} bytes of UTF-8 "
+        "together (PROMPTJOBS_MAX_PROMPT_BYTES); send a shorter prompt"
+    )
 
 
 class BodyLimit:
     """A declared Content-Length over the limit is answered at once; a streamed body is cut
     off as soon as it passes the limit (and the handler renders that as the same problem)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, prompt_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.prompt_bytes = prompt_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,4 +51,4 @@ class BodyLimit:
 
     @property
     def _detail(self) -> str:
-        return too_large_detail(self.max_bytes)
+        return too_large_detail(self.max_bytes, self.prompt_bytes)

@@ -19,15 +19,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, bindparam, delete, func, or_, select, text, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+    union,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import Prepared, WriteTx
 from projections.lifecycle import UNSETTLED, JobState
-from projections.models import Base, Job, OrgLimit
+from projections.models import ApiKey, Base, Job, OrgLimit
 
 JOBS = Base.metadata.tables[Job.__tablename__]
 LIMITS = Base.metadata.tables[OrgLimit.__tablename__]
+KEYS = Base.metadata.tables[ApiKey.__tablename__]
 # pg_advisory_xact_lock(key1, key2): this namespace, then the org's hash.
 ORG_LOCK_NAMESPACE = 7215002
 
@@ -209,11 +221,13 @@ async def _shares(
 async def org_shares(
     sessions: async_sessionmaker[AsyncSession], default_limit: int
 ) -> list[OrgShare]:
-    """Every org with unsettled jobs or a limit of its own, by name."""
+    """Every org the store knows, by name: with API keys, jobs (settled ones too) or a limit
+    of its own."""
     async with sessions() as session:
-        active = select(JOBS.c.org).where(JOBS.c.state.in_(UNSETTLED)).distinct()
-        orgs = set((await session.execute(active)).scalars())
-        orgs |= set((await session.execute(select(LIMITS.c.org))).scalars())
+        known = union(
+            select(JOBS.c.org), select(LIMITS.c.org), select(KEYS.c.org)
+        )  # UNION: each org once, however many rows name it
+        orgs = set((await session.execute(known)).scalars())
         shares = await _shares(session, sorted(orgs), default_limit)
     return [shares[org] for org in sorted(orgs)]
 

@@ -22,10 +22,20 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import BigInteger, Connection, Engine, Executable, Float, Select, event, text
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Executable,
+    Float,
+    Select,
+    event,
+    inspect,
+    text,
+)
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -214,6 +224,54 @@ def migrate(url: str) -> None:
                 os.close(fd)  # releases the lock
             return
     command.upgrade(alembic_config(url), "head")
+
+
+class StoreUnavailable(Exception):
+    """The projection store a command was pointed at is not there, is not a promptjobs
+    store, or does not answer. The message says which, and what to set."""
+
+
+STORE_HINT = (
+    "start `promptjobs dev` (or `api`/`worker`) on it first, or point PROMPTJOBS_DATA_DIR "
+    "or PROMPTJOBS_DATABASE_URL at the store your service uses"
+)
+
+
+def require_store(url: str) -> None:
+    """Raise StoreUnavailable unless `url` names a store whose schema a promptjobs service
+    has created. Never creates one: an operator's command pointed at the wrong place says
+    so rather than showing an empty world."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as err:
+        raise StoreUnavailable(
+            f"the database URL {url!r} is not one (PROMPTJOBS_DATABASE_URL): expected "
+            "postgresql://user@host:port/database or sqlite:///path/to/promptjobs.db"
+        ) from err
+    shown = parsed.render_as_string(hide_password=True)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if not database or database == ":memory:" or not Path(database).is_file():
+            raise StoreUnavailable(f"no promptjobs store at {database or shown}: {STORE_HINT}")
+        url = f"sqlite:///file:{Path(database).resolve()}?mode=ro&uri=true"
+    elif backend != "postgresql":
+        raise StoreUnavailable(
+            f"the database URL {shown} is neither PostgreSQL nor SQLite (PROMPTJOBS_DATABASE_URL)"
+        )
+    engine = sa_create_engine(
+        sync_url(url), connect_args={} if backend == "sqlite" else {"connect_timeout": 5}
+    )
+    try:
+        with engine.connect() as conn:
+            found = inspect(conn).has_table("alembic_version")
+    except DBAPIError as err:
+        reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
+        raise StoreUnavailable(f"cannot use the database at {shown}: {reason}") from err
+    finally:
+        engine.dispose()
+    if not found:
+        raise StoreUnavailable(f"no promptjobs store in {shown} (no schema): {STORE_HINT}")
 
 
 T = TypeVar("T")

@@ -108,16 +108,27 @@ async def list_keys(
         return list((await session.execute(stmt)).scalars())
 
 
-async def revoke_key(sessions: async_sessionmaker[AsyncSession], key_id: str) -> ApiKey | None:
-    """Revoke a key (again is a no-op that keeps the first date); None if there is no such
-    key. API processes stop accepting it within their cache's TTL (`KeyCache`)."""
+@dataclass(frozen=True)
+class Revoked:
+    key: ApiKey
+    already: bool  # it was revoked before (its first date stands)
+
+
+async def revoke_key(sessions: async_sessionmaker[AsyncSession], key: str) -> Revoked | None:
+    """Revoke a key, named by its id or given whole (`pj_<id>_<secret>`); again is a no-op
+    that keeps the first date. None if there is no such key. API processes stop accepting
+    it within their cache's TTL (`KeyCache`)."""
+    key_id = key_id_of(key) or key
     async with transaction(sessions) as session:
-        await session.execute(
+        changed = await session.execute(
             update(ApiKey)
             .where(ApiKey.key_id == key_id, ApiKey.revoked_at.is_(None))
             .values(revoked_at=utcnow())
+            .returning(ApiKey.key_id)
         )
-        return await session.get(ApiKey, key_id)
+        newly = changed.first() is not None
+        found = await session.get(ApiKey, key_id)
+        return None if found is None else Revoked(found, already=not newly)
 
 
 class KeyCache:

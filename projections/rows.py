@@ -69,6 +69,11 @@ class JobRow(BaseModel):
         description="When the current (latest) attempt started"
     )
     finished_at: Timestamp | None
+    cancel_requested_at: Timestamp | None = Field(
+        default=None,
+        description="When a cancel was asked for: the job is being stopped (a running call "
+        "is closed within a moment) and shows `cancelled` once it has stopped",
+    )
     # Defaults: events logged before migration 0009 hold rows without them (and see
     # `_as_logged_before` for the fields the API always sends but older events lack).
     input_tokens: int = Field(

@@ -6,16 +6,19 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError
 
 from activities.prices import InvalidPrices
+from projections.db import StoreUnavailable
 from promptjobs import cli_jobs, cli_orgs
-from promptjobs.console import CliError, run
+from promptjobs.console import CliError, iso, run
 from promptjobs.launch import (
     DevStack,
     LaunchError,
@@ -51,6 +54,14 @@ async def _until_signal(starter: Any, settings: Settings, **kwargs: Any) -> None
     await starter(settings, stop=stop, **kwargs)
 
 
+def shell_path(path: Path) -> str:
+    """`path` as short as it can be said from here."""
+    try:
+        return shlex.quote(str(path.resolve().relative_to(Path.cwd())))
+    except ValueError:
+        return shlex.quote(str(path.resolve()))
+
+
 def _print_stack(stack: DevStack) -> None:
     typer.echo(
         "\n".join(
@@ -63,6 +74,9 @@ def _print_stack(stack: DevStack) -> None:
                 f"  Temporal     {stack.temporal_address}",
                 f"  Database     {stack.database_url}",
                 f"  API key      {stack.api_key}",
+                "",
+                "In another shell (the CLI, the Python client):",
+                f"  source {shell_path(stack.env_file)}",
                 "",
                 "Try:",
                 f"  curl -s -X POST {stack.api_url}/v1/prompts \\",
@@ -150,7 +164,7 @@ def keys_create(
         raise CliError(f"--role must be one of {', '.join(ROLES)}, not {role!r}")
 
     async def create() -> Any:
-        async with open_projection(Settings(), streams=False) as projection:
+        async with open_projection(Settings(), streams=False, create=False) as projection:
             try:
                 return await create_key(projection.sessions, org, user, role)
             except ValueError as err:
@@ -184,7 +198,7 @@ def keys_list(
     from promptjobs.wiring import open_projection
 
     async def fetch() -> Any:
-        async with open_projection(Settings(), streams=False) as projection:
+        async with open_projection(Settings(), streams=False, create=False) as projection:
             return await list_keys(projection.sessions, org)
 
     keys = run(fetch())
@@ -211,19 +225,28 @@ def keys_list(
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (`keys list`, or `pj_<id>_...`)")],
 ) -> None:
-    """Revoke an API key. Every API process refuses it within `api_key_cache_ttl_s`."""
-    from projections.keys import revoke_key
+    """Revoke an API key, by its id or whole. Every API process refuses it within
+    `api_key_cache_ttl_s`."""
+    from projections.keys import key_id_of, revoke_key
     from promptjobs.wiring import open_projection
 
     settings = Settings()
 
     async def revoke() -> Any:
-        async with open_projection(settings, streams=False) as projection:
+        async with open_projection(settings, streams=False, create=False) as projection:
             return await revoke_key(projection.sessions, key_id)
 
-    key = run(revoke())
-    if key is None:
-        raise CliError(f"no API key {key_id}")
+    revoked = run(revoke())
+    if revoked is None:
+        shown = key_id_of(key_id) or key_id
+        raise CliError(f"no API key {shown} (`promptjobs keys list` shows them)")
+    key = revoked.key
+    if revoked.already:
+        revoked_at = iso(key.revoked_at)
+        typer.echo(
+            f"{key.key_id} (org {key.org}, user {key.user}) was revoked already, {revoked_at}"
+        )
+        return
     typer.echo(
         f"revoked {key.key_id} (org {key.org}, user {key.user});"
         f" API processes refuse it within {settings.api_key_cache_ttl_s:g} s"
@@ -275,8 +298,13 @@ def main() -> None:
     code = 0
     try:
         app()
-    except (CliError, LaunchError, InvalidPrices, FileNotFoundError) as err:
+    except (CliError, LaunchError, InvalidPrices, FileNotFoundError, StoreUnavailable) as err:
         typer.echo(f"error: {err}", err=True)
+        code = 1
+    except DBAPIError as err:
+        # The database went away mid-command (it answered when the command began).
+        reason = (str(err.orig) if err.orig else str(err)).strip().splitlines()[0]
+        typer.echo(f"error: the database failed: {reason}", err=True)
         code = 1
     except ValidationError as err:
         typer.echo(f"error: invalid configuration (PROMPTJOBS_* variables): {err}", err=True)

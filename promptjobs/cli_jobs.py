@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
 
 @asynccontextmanager
 async def operator_projection() -> AsyncIterator[Projection]:
-    async with open_projection(Settings(), streams=False) as projection:
+    async with open_projection(Settings(), streams=False, create=False) as projection:
         yield projection
 
 
@@ -80,7 +80,7 @@ async def operator_service() -> AsyncIterator[tuple[JobService, Settings]]:
     """The API's JobService over a lazy Temporal client: reads work while Temporal is down."""
     settings = Settings()
     client = await connect_temporal(settings, lazy=True)
-    async with open_projection(settings, streams=False) as projection:
+    async with open_projection(settings, streams=False, create=False) as projection:
         dispatcher = build_dispatcher(settings, client, projection)
         yield (
             build_job_service(settings, projection, dispatcher, build_adapters(settings)),
@@ -469,7 +469,7 @@ def _registered(worker: WorkerProcess) -> dict[str, Any]:
 
 async def _status() -> tuple[operations.ProjectionHealth, list[WorkerProcess], dict[str, Any]]:
     settings = Settings()
-    async with open_projection(settings, streams=False) as projection:
+    async with open_projection(settings, streams=False, create=False) as projection:
         since = utcnow() - timedelta(seconds=WORKERS_SEEN_S)
         health = await operations.projection_health(projection.sessions, workers_since=since)
         registered = await workers.workers_since(projection.sessions, since)

@@ -29,7 +29,7 @@ def orgs_list(
     settings = Settings()
 
     async def fetch() -> list[OrgShare]:
-        async with open_projection(settings, streams=False) as projection:
+        async with open_projection(settings, streams=False, create=False) as projection:
             return await org_shares(projection.sessions, settings.org_max_running)
 
     rows = [
@@ -75,7 +75,7 @@ def orgs_limit(
     settings = Settings()
 
     async def apply() -> None:
-        async with open_projection(settings, streams=False) as projection:
+        async with open_projection(settings, streams=False, create=False) as projection:
             await set_org_limit(projection.sessions, org, max_running)
 
     run(apply())

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import shlex
 import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
@@ -138,6 +139,29 @@ class DevStack:
     temporal_address: str
     api_key: str
     database_url: str
+    env_file: Path
+
+
+def write_env_file(settings: Settings, api_key: str) -> Path:
+    """`<data dir>/env`: the variables a second shell needs to reach this stack with the CLI
+    and the Python client (`source` it); rewritten at each start, readable by its owner."""
+    values = {
+        "PROMPTJOBS_TEMPORAL_ADDRESS": settings.temporal_address,
+        "PROMPTJOBS_TEMPORAL_NAMESPACE": settings.temporal_namespace,
+        "PROMPTJOBS_TEMPORAL_TASK_QUEUE": settings.temporal_task_queue,
+        "PROMPTJOBS_URL": f"http://{settings.api_host}:{settings.api_port}",
+        "PROMPTJOBS_API_KEY": api_key,
+    }
+    if settings.database_url:
+        values["PROMPTJOBS_DATABASE_URL"] = settings.database_url
+    else:
+        values["PROMPTJOBS_DATA_DIR"] = str(settings.data_dir.resolve())
+    path = settings.data_dir / "env"
+    lines = ["# promptjobs dev: what another shell needs to reach it. Source this file."]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+    return path
 
 
 async def run_dev(
@@ -165,6 +189,7 @@ async def run_dev(
                 temporal_address=settings.temporal_address,
                 api_key=key,
                 database_url=make_url(settings.projection_url).render_as_string(hide_password=True),
+                env_file=write_env_file(settings, key),
             )
             await serve(
                 settings,

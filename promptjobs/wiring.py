@@ -19,7 +19,7 @@ from temporalio.service import TLSConfig
 
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
-from projections.db import create_engine, dispose, migrate, session_factory
+from projections.db import create_engine, dispose, migrate, require_store, session_factory
 from projections.keys import live_key_ids
 from projections.notifications import EventListener
 from projections.projector import Projector
@@ -49,11 +49,16 @@ async def open_projection(
     run_migrations: bool = True,
     listen: bool = False,
     streams: bool = True,
+    create: bool = True,
 ) -> AsyncIterator[Projection]:
     """The projection store. With `listen` (API processes) on PostgreSQL, one dedicated
     connection LISTENs for job events committed by any process and wakes the ChangeFeed.
-    Without `streams` (the CLI) there is no feed, and nothing of the HTTP layer is loaded."""
+    Without `streams` (the CLI) there is no feed, and nothing of the HTTP layer is loaded.
+    Without `create` (the operator's commands) a store that was never created is refused
+    (StoreUnavailable), not made anew and empty."""
     url = settings.projection_url
+    if not create:
+        await asyncio.to_thread(require_store, url)
     if run_migrations:
         await asyncio.to_thread(migrate, url)
     engine = create_engine(

@@ -88,6 +88,9 @@ async def list_attempts(job_id: str, caller: Caller, services: ServicesDep) -> A
     response_model=JobOut,
     responses=problem_responses(401, 404, 409),
     summary="Cancel a queued or running job; the job row shows `cancelled` once it has stopped",
+    description="202 with the job row: `cancel_requested_at` is set, and `state` is still "
+    "`running` while the call is being stopped (then `cancelled`, which follow the job's "
+    "events or polling show). A job already settled is a 409.",
 )
 async def cancel_job(job_id: str, caller: Caller, services: ServicesDep) -> JobOut:
     return JobOut.of(await services.jobs.cancel(caller, job_id))

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from projections.db import migrate
 from projections.models import ApiKey
 from tests.conftest import Stack, eventually, free_port
 
@@ -107,7 +108,7 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path, trac
         assert process.stdout is not None
         printed: list[str] = []
         async with asyncio.timeout(60):
-            while not any("API key" in line for line in printed):
+            while not any("source " in line for line in printed):
                 line = (await process.stdout.readline()).decode()
                 assert line, f"dev exited early: {''.join(printed)}"
                 printed.append(line)
@@ -131,6 +132,17 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path, trac
                 "GET", "/v1/events", params={"since": "0", "access_token": key}, headers={}
             ) as stream:
                 assert stream.status_code == 200
+        # A second shell, from anywhere, after `source <data dir>/env` as the banner says.
+        env_file = tmp_path / "data" / "env"
+        assert any(f"source {env_file}" in line for line in printed), printed
+        second_shell = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")}
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            ["bash", "-c", f"source {env_file} && {PROMPTJOBS} jobs list --json"],
+            env=second_shell, cwd="/", capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        assert [row["job_id"] for row in json.loads(listed.stdout)["jobs"]] == [done["job_id"]]
         assert done["response_id"]
     finally:
         if process.returncode is None:
@@ -164,8 +176,13 @@ async def test_a_revoked_key_stops_working_on_every_route_within_the_cache_ttl(
         job_id = accepted.json()["job_id"]
         assert (await milton.get(f"/v1/jobs/{job_id}")).status_code == 200  # verified, cached
 
-        revoked = await asyncio.to_thread(promptjobs, "keys", "revoke", key_id, database_url=url)
+        # The whole key, as a user who has only the key pastes it, names it too.
+        revoked = await asyncio.to_thread(promptjobs, "keys", "revoke", secret, database_url=url)
         assert revoked.returncode == 0, revoked.stderr
+        assert revoked.stdout.startswith(f"revoked {key_id} (org initech, user milton)")
+        again = await asyncio.to_thread(promptjobs, "keys", "revoke", key_id, database_url=url)
+        assert again.returncode == 0, again.stderr
+        assert "was revoked already" in again.stdout
         listed = await asyncio.to_thread(
             promptjobs, "keys", "list", "--org", "initech", "--json", database_url=url
         )
@@ -189,6 +206,32 @@ async def test_a_revoked_key_stops_working_on_every_route_within_the_cache_ttl(
 
 def test_revoking_an_unknown_key_says_so(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'keys.db'}"
-    answer = promptjobs("keys", "revoke", "0123456789ab", database_url=url)
+    migrate(url)
+    answer = promptjobs("keys", "revoke", "pj_0123456789ab_secret", database_url=url)
     assert answer.returncode == 1
-    assert "no API key 0123456789ab" in answer.stderr
+    assert answer.stderr == "error: no API key 0123456789ab (`promptjobs keys list` shows them)\n"
+
+
+@pytest.mark.parametrize(
+    ("store", "says"),
+    [
+        ("sqlite:///{tmp}/nodata/promptjobs.db", "error: no promptjobs store at {tmp}/nodata/"),
+        ("sqlite:////dev/null/x/promptjobs.db", "error: no promptjobs store at /dev/null/x/"),
+        ("junk", "error: the database URL 'junk' is not one (PROMPTJOBS_DATABASE_URL)"),
+        (
+            "postgresql://nobody@127.0.0.1:1/x",
+            "error: cannot use the database at postgresql://nobody@127.0.0.1:1/x: ",
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "command", [("jobs", "list"), ("keys", "create", "--org", "a", "--user", "b")]
+)
+def test_the_cli_on_a_store_that_is_not_there_says_so_in_one_line(
+    tmp_path: Path, store: str, says: str, command: tuple[str, ...]
+) -> None:
+    answer = promptjobs(*command, database_url=store.format(tmp=tmp_path))
+    assert answer.returncode == 1
+    assert answer.stderr.startswith(says.format(tmp=tmp_path)), answer.stderr
+    assert len(answer.stderr.splitlines()) == 1 and answer.stdout == ""
+    assert not (tmp_path / "nodata").exists()  # nothing made anew

@@ -241,7 +241,10 @@ async def test_a_body_far_over_the_limit_is_refused_before_it_is_parsed(
 ) -> None:
     response = await small_stack.http.post("/v1/prompts", json={"prompt": "x" * 200_000})
     problem = assert_problem(response, 413, "body_too_large")
-    assert "bytes" in problem["detail"]
+    # It names the documented limit a user can act on, not only the body's bound.
+    limit = small_stack.settings.max_prompt_bytes
+    assert f"{limit:,} bytes of UTF-8" in problem["detail"], problem
+    assert "PROMPTJOBS_MAX_PROMPT_BYTES" in problem["detail"]
 
 
 async def test_unknown_routes_and_methods_are_problems(stack: Stack) -> None:

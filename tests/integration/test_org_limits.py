@@ -170,6 +170,11 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
         done = [await stack.settled(job_id, timeout=60) for job_id in more]
         assert [row["state"] for row in done] == ["succeeded"] * 6
         assert most_at_once(done) > 2
+        # Every org the store knows is listed: acme, with only settled jobs now, and an org
+        # that has an API key and nothing else yet.
+        await stack.key("initech", "peter")
+        listed = json.loads(await asyncio.to_thread(cli, stack, "orgs", "list", "--json"))
+        assert {"acme", "initech"} <= {row["org"] for row in listed}
 
 
 async def test_the_ceiling_covers_the_wait_for_a_slot(

@@ -1,0 +1,92 @@
+"""The README's examples run as written: its shell and Python blocks, taken from the README
+itself, against `promptjobs dev` started as a newcomer starts it (in a fresh folder, on free
+ports), from a second shell that did what the banner says (`source .data/env`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
+# A failed call (4xx, 5xx) fails the example, with the problem's body shown.
+STRICT_CURL = 'curl() { command curl --fail-with-body "$@"; }\n'
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), re.S | re.M)
+
+
+def shell_examples() -> str:
+    """The curl walk-through first (it defines API and AUTH), then every other sh block that
+    calls the API (the chain's)."""
+    calls = [block for block in blocks("sh") if "curl" in block]
+    assert calls and "source .data/env" in calls[0], calls
+    return "\n".join(calls)
+
+
+@pytest.fixture(scope="module")
+async def newcomer(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Path]:
+    """`promptjobs dev` in a fresh folder; the folder, once the banner is out."""
+    home = tmp_path_factory.mktemp("newcomer")
+    args = ["--no-ui", "--api-port", str(free_port()), "--temporal-port", str(free_port())]
+    process = await asyncio.create_subprocess_exec(
+        PROMPTJOBS, "dev", *args,
+        cwd=home,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert process.stdout is not None
+    printed: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while not any("source " in line for line in printed):
+                line = (await process.stdout.readline()).decode()
+                assert line, f"dev exited early: {''.join(printed)}"
+                printed.append(line)
+        yield home
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            async with asyncio.timeout(30):
+                await process.communicate()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+def run_in(home: Path, command: list[str], script: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return subprocess.run(
+        command, input=script, cwd=home, env=env, capture_output=True, text=True, timeout=180
+    )
+
+
+async def test_the_readmes_curl_walk_through_runs_as_written(newcomer: Path) -> None:
+    script = "set -euo pipefail\n" + STRICT_CURL + shell_examples()
+    ran = await asyncio.to_thread(run_in, newcomer, ["bash"], script)
+    assert ran.returncode == 0, (ran.stdout[-3000:], ran.stderr[-3000:])
+    # The live stream of one job ended, after its text and its job.done.
+    assert "event: job.output" in ran.stdout and "event: job.done" in ran.stdout
+    assert '"cancel_requested_at":"' in ran.stdout
+    assert ran.stdout.count('"supersedes":"job_') == 2
+
+
+async def test_the_readmes_python_example_runs_as_written(newcomer: Path) -> None:
+    (example,) = blocks("python")
+    script = f"set -euo pipefail\nsource .data/env\n{sys.executable} - <<'EOF'\n{example}EOF\n"
+    ran = await asyncio.to_thread(run_in, newcomer, ["bash"], script)
+    assert ran.returncode == 0, (ran.stdout, ran.stderr)
+    assert ran.stdout.startswith("succeeded [fake:"), ran.stdout
