@@ -14,7 +14,7 @@ from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
-from projections.lifecycle import TERMINAL, JobState
+from projections.lifecycle import TERMINAL, ErrorKind, JobState
 from projections.models import (
     Attempt,
     Job,
@@ -84,8 +84,8 @@ async def queue_metrics(
     org: str | None = None,
 ) -> list[OrgMetrics]:
     """Per org (and "*" for all): jobs by state, wait and run latency (mean and percentiles),
-    the error rate, and the error kinds of failed jobs and of jobs re-queued after a failed
-    attempt."""
+    the error rate, and the error kinds of the attempts that ended in an error (retried or
+    not; and of jobs that failed without an attempt's record: a dead worker, the ceiling)."""
     stmt = select(
         Job.org, Job.state, Job.error_kind, Job.created_at, Job.started_at, Job.finished_at
     )
@@ -93,8 +93,24 @@ async def queue_metrics(
         stmt = stmt.where(Job.created_at >= since)
     if org is not None:
         stmt = stmt.where(Job.org == org)
+    # Each attempt that ended in an error counts, retried or not: a re-queue's kind is
+    # cleared from the row by the success that follows it, but not from the attempts.
+    errors = (
+        select(Attempt.org, Attempt.outcome, func.count())
+        .where(Attempt.outcome.in_([kind.value for kind in ErrorKind]))
+        .group_by(Attempt.org, Attempt.outcome)
+    )
+    if since is not None:
+        errors = errors.where(Attempt.started_at >= since)
+    if org is not None:
+        errors = errors.where(Attempt.org == org)
     async with sessions() as session:
         rows = (await session.execute(stmt)).all()
+        attempt_errors = (await session.execute(errors)).all()
+    kinds_of: dict[str, Counter[str]] = defaultdict(Counter)
+    for row_org, outcome, count in attempt_errors:
+        kinds_of[row_org][outcome] += count
+        kinds_of["*"][outcome] += count
     groups: dict[str, list[tuple[JobState, str | None, datetime, datetime | None, datetime | None]]]
     groups = defaultdict(list)
     for row_org, state, kind, created, started, finished in rows:
@@ -104,10 +120,10 @@ async def queue_metrics(
     for name in sorted(groups, key=lambda g: (g == "*", g)):
         jobs = groups[name]
         states = Counter(state.value for state, *_ in jobs)
-        kinds = Counter(
-            kind
-            for state, kind, *_ in jobs
-            if kind is not None and state in (JobState.FAILED, JobState.QUEUED)
+        # Ends no attempt records: a job whose worker died, or that passed its ceiling.
+        unrecorded = (ErrorKind.WORKER_CRASH, ErrorKind.STUCK)
+        kinds = kinds_of[name] + Counter(
+            kind for state, kind, *_ in jobs if state is JobState.FAILED and kind in unrecorded
         )
         waits = [(s - c).total_seconds() for _, _, c, s, _ in jobs if s is not None]
         runs = [(f - s).total_seconds() for _, _, _, s, f in jobs if s and f]

@@ -6,6 +6,7 @@ and act through the same JobService as the API, as the operator scope.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -150,7 +151,10 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
         return
     out = console()
     fields = operator_row(job)
+    options = fields.pop("options")
     out.print(table(f"job {job_id}", ("field", "value"), fields.items()))
+    # On one line, unwrapped, as `jobs retry --options` takes it back.
+    typer.echo(f"options {json.dumps(options, ensure_ascii=False)}")
     if waits:
         out.print(
             f"waits on parent prompt(s) {waits} to succeed "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 from collections.abc import Coroutine, Iterable, Sequence
@@ -13,14 +14,16 @@ from typing import Any, TypeVar
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from api.schemas import RetryJob
 from projections.event_log import utcnow
 from projections.lifecycle import JobState
 from projections.models import Job
-from projections.rows import job_row
+from projections.rows import JobRow
 from projections.writes import RetryChanges
 
 T = TypeVar("T")
@@ -38,17 +41,38 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def console() -> Console:
-    # Wide when piped, so ids are never cut; a terminal keeps its own width.
-    return Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    # A terminal keeps its own width (or COLUMNS, if set); piped, wide, so little is cut.
+    wide = sys.stdout.isatty() or "COLUMNS" in os.environ
+    return Console(width=None if wide else 200, highlight=False)
 
 
-def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
-    out = Table(title=title, title_justify="left")
-    for column in columns:
-        out.add_column(column, overflow="fold")
-    for row in rows:
-        out.add_row(*("" if value is None else str(value) for value in row))
-    return out
+# Columns of ids: an id is copied from here into the next command, so it is printed whole on
+# one line at any width; the other columns give way (wrap, then "…") first.
+ID_COLUMNS = frozenset({"job", "key_id", "id"})
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Group:
+    """A titled table: the title on a line of its own (not wrapped to the table's width),
+    ids whole, a dict or list as JSON (what `--options` takes back)."""
+    cells = [[_cell(value) for value in row] for row in rows]
+    out = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for i, column in enumerate(columns):
+        if column in ID_COLUMNS:
+            longest = max((len(row[i]) for row in cells), default=0)
+            out.add_column(column, no_wrap=True, min_width=max(len(column), longest))
+        else:
+            out.add_column(column, overflow="ellipsis")
+    for row in cells:
+        out.add_row(*row)
+    return Group(Text(title, style="bold", overflow="ellipsis", no_wrap=True), out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
 
 
 def emit_json(value: Any) -> None:
@@ -87,8 +111,9 @@ def job_cells(job: Job) -> list[Any]:
 
 
 def operator_row(job: Job) -> dict[str, Any]:
-    """The client's job row plus what only an operator sees."""
-    return {**job_row(job), "org": job.org, "author": job.author, "worker": job.worker}
+    """The client's job row (whole: long options too) plus what only an operator sees."""
+    row = JobRow.model_validate(job).model_dump(mode="json", exclude={"options_omitted"})
+    return {**row, "org": job.org, "author": job.author, "worker": job.worker}
 
 
 # -- input -------------------------------------------------------------------------------

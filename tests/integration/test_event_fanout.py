@@ -191,8 +191,9 @@ async def test_a_commit_costs_the_same_sql_however_many_streams_are_open(
             event.remove(sync_engine, "before_cursor_execute", count)
             await globex.aclose()
         # One read of the log per commit, whatever the number of streams (give or take a
-        # second wake-up by NOTIFY on PostgreSQL); each stream querying would add eight.
-        assert with_one <= 2, statements
+        # second wake-up by NOTIFY on PostgreSQL, and a read that found the commit not final
+        # yet while another transaction was in flight); each stream querying would add eight.
+        assert with_one <= 3, statements
         assert with_nine - with_one <= 1, statements
 
 

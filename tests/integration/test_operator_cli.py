@@ -295,3 +295,27 @@ async def test_workflow_of_cancelled_job_is_closed(sqlite_stack: Stack) -> None:
         lambda d: d.status is WorkflowExecutionStatus.CANCELED,
     )
     assert described.status is WorkflowExecutionStatus.CANCELED
+
+
+async def test_tables_fit_an_80_column_terminal_and_never_wrap_an_id(sqlite_stack: Stack) -> None:
+    stack = sqlite_stack
+    options = {"fake": {"fail": ["provider_5xx"], "latency_ms": 10}, "temperature": 0.5}
+    flaky = (await stack.submit("flaky once", options=options))["job_id"]
+    await stack.settled(flaky, timeout=30)
+    narrow = {"COLUMNS": "80"}
+
+    listed = (await cli(stack, "jobs", "list", **narrow)).stdout
+    assert any(flaky in line for line in listed.splitlines()), listed
+    assert max(len(line) for line in listed.splitlines()) <= 80, listed
+
+    shown = (await cli(stack, "jobs", "show", flaky, **narrow)).stdout
+    assert any(flaky in line for line in shown.splitlines()), shown
+    # Options as JSON, which `jobs retry --options` takes back as it is.
+    [options_line] = [line for line in shown.splitlines() if line.startswith("options ")]
+    assert json.loads(options_line.removeprefix("options ")) == options
+
+    metrics = (await cli(stack, "jobs", "metrics", **narrow)).stdout.splitlines()
+    assert "latency (s) and error rate (failed / settled)" in metrics
+    # The re-queue's provider_5xx counts, though the job then succeeded.
+    kinds = (await cli_json(stack, "jobs", "metrics"))["orgs"]
+    assert {m["org"]: m["error_kinds"] for m in kinds}["acme"] == {"provider_5xx": 1}
