@@ -28,6 +28,7 @@ from promptjobs.launch import (
     run_worker,
     stop_on_signals,
 )
+from promptjobs.observability import install_core_logging
 from promptjobs.settings import Settings
 
 app = typer.Typer(
@@ -295,6 +296,7 @@ cli_orgs.register(app)
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    install_core_logging()
     code = 0
     try:
         app()

@@ -19,7 +19,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 
 from activities.job_activities import worker_identity
 from api.routes.metrics import bearer_token, token_matches
@@ -39,6 +46,42 @@ SDK_WORKER_METRICS = (
 )
 
 
+# Temporal core's own log lines (WARN and up), forwarded to this logger instead of printed.
+CORE_LOGGER = "temporalio.core"
+# What core says when an activity it no longer tracks completes: every cancelled job's call
+# does (the workflow cancelled it; the call then ends), so it is expected, not a warning.
+EXPECTED_CORE_WARNINGS = ("Activity not found on completion",)
+
+
+class ExpectedCoreWarnings(logging.Filter):
+    """Lowers Temporal core's expected warnings to DEBUG, where they stay available."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and any(
+            text in record.getMessage() for text in EXPECTED_CORE_WARNINGS
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def core_logging() -> LoggingConfig:
+    """Core's warnings through Python's logging (one format, one place to filter)."""
+    logger = logging.getLogger(CORE_LOGGER)
+    if not any(isinstance(f, ExpectedCoreWarnings) for f in logger.filters):
+        logger.addFilter(ExpectedCoreWarnings())
+    return LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logger, append_target_to_name=False),
+    )
+
+
+def install_core_logging() -> None:
+    """Make the process's default Temporal runtime forward core's logs (call before any
+    client or test server is made: the default runtime is built once)."""
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=core_logging())))
+
+
 def free_local_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -56,7 +99,8 @@ class WorkerMetrics:
         self.sdk_address = f"127.0.0.1:{free_local_port()}"
         self.runtime = Runtime(
             telemetry=TelemetryConfig(
-                metrics=PrometheusConfig(bind_address=self.sdk_address, durations_as_seconds=True)
+                logging=core_logging(),
+                metrics=PrometheusConfig(bind_address=self.sdk_address, durations_as_seconds=True),
             )
         )
         token = settings.metrics_token
