@@ -66,7 +66,7 @@ function describe(job) {
   switch (job.state) {
     case "queued":
       // A chain's child: it runs once these parent prompts' jobs have succeeded.
-      if (job.attempt === 0 && job.waiting_on && job.waiting_on.length) return `waiting for ${job.waiting_on.join(", ")}`;
+      if (job.attempt === 0 && job.waiting_on && job.waiting_on.length) return `waiting for ${job.waiting_on.map(parentName).join(", ")}`;
       if (job.attempt === 0) return job.scheduled_for ? `scheduled for ${clock(job.scheduled_for)}` : "waiting for a worker";
       return job.next_attempt_at
         ? `attempt ${job.attempt + 1} of ${job.max_attempts} at ${clock(job.next_attempt_at)}`
@@ -84,6 +84,24 @@ function describe(job) {
     default:
       return job.state;
   }
+}
+
+// A parent prompt as a reader knows it: the start of its text if the page has it, else its id.
+function parentName(promptId) {
+  const parent = state.prompts.get(promptId);
+  if (!parent || !parent.prompt || !parent.prompt.prompt) return promptId;
+  const text = parent.prompt.prompt.replace(/\s+/g, " ").trim();
+  return `“${text.length > 40 ? `${text.slice(0, 40)}…` : text}”`;
+}
+
+// A chain child's text with its placeholders ({{after[0]}}, {{after.pmt_…}}) shown as what
+// they will be: the answer of a named parent.
+function readableText(prompt) {
+  const after = prompt.after || [];
+  return prompt.prompt.replace(/\{\{\s*after(?:\[(\d+)\]|\.([A-Za-z0-9_]+))\s*\}\}/g, (whole, index, id) => {
+    const parent = id || after[Number(index)];
+    return parent ? `[the answer of ${parentName(parent)}]` : whole;
+  });
 }
 
 function usage(job) {
@@ -124,7 +142,7 @@ export function render(entry) {
   p.when.textContent = clock(entry.prompt.created_at);
   p.when.dateTime = entry.prompt.created_at || "";
   p.detail.textContent = describe(job);
-  p.text.textContent = entry.prompt.prompt;
+  p.text.textContent = readableText(entry.prompt);
   p.cancel.hidden = !IN_FLIGHT.has(job.state);
   p.retry.hidden = p.retryWith.hidden = !RETRYABLE.has(job.state);
   if (!RETRYABLE.has(job.state)) p.retryForm.hidden = true;
