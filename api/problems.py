@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
+from api.schemas import REQUEST_FIELDS, unknown_field
 from projections.errors import (
     IdempotencyConflict,
     InvalidState,
@@ -170,6 +171,14 @@ def _location(loc: Sequence[Any]) -> str:
     return ".".join(str(part) for part in loc)
 
 
+def field_message(error: Mapping[str, Any], known: Iterable[str] = ()) -> str:
+    """A pydantic error as a client can act on it (`known`: the field names a misspelt one
+    may have meant)."""
+    if error["type"] == "extra_forbidden":
+        return unknown_field(str(tuple(error["loc"])[-1]), known)
+    return _message(error)
+
+
 def _message(error: Mapping[str, Any]) -> str:
     kind = error["type"]
     loc = tuple(error["loc"])
@@ -189,8 +198,10 @@ def _message(error: Mapping[str, Any]) -> str:
     return str(error["msg"])
 
 
-def validation_problem(errors: Sequence[Mapping[str, Any]]) -> Problem:
-    fields = [FieldError(field=_location(e["loc"]), message=_message(e)) for e in errors]
+def validation_problem(errors: Sequence[Mapping[str, Any]], known: Iterable[str] = ()) -> Problem:
+    fields = [
+        FieldError(field=_location(e["loc"]), message=field_message(e, known)) for e in errors
+    ]
     if any(e["type"] == "json_invalid" for e in errors):
         return Problem(
             422, "invalid_json", "Body is not valid JSON", fields[0].message, errors=fields
@@ -261,7 +272,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return problem_response(validation_problem(exc.errors()), request)
+        return problem_response(validation_problem(exc.errors(), REQUEST_FIELDS), request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -116,6 +118,42 @@ class RetryJob(BaseModel):
         if self.options is not None:
             options = self.options.model_dump(mode="json", exclude_unset=True)
         return RetryChanges(options, self.priority, self.max_attempts)
+
+
+def request_fields(*models: type[BaseModel]) -> frozenset[str]:
+    """Every field name of these request models and the models within them (what a client
+    may send), to suggest the one a misspelt field meant."""
+    names: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+    todo = list(models)
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            names.add(field.alias or name)
+            for inner in _models_in(field.annotation):
+                todo.append(inner)
+    return frozenset(names)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def unknown_field(name: str, known: Iterable[str]) -> str:
+    """The message for a field the model does not have, with the likely one it meant."""
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    hint = f" (did you mean `{close[0]}`?)" if close else ""
+    return f"unknown field: remove it{hint} (see the OpenAPI document for the fields allowed)"
+
+
+# What a request body may name, anywhere in it: a misspelt field is answered with the one
+# it most likely meant (`temprature` → `temperature`).
+REQUEST_FIELDS = request_fields(SubmitPrompt, RetryJob)
 
 
 class JobOut(JobRow):

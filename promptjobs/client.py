@@ -22,8 +22,9 @@ import httpx
 from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
 from pydantic import BaseModel, ValidationError
 
-from api.problems import PROBLEM_JSON, ProblemDetails
+from api.problems import PROBLEM_JSON, ProblemDetails, field_message
 from api.schemas import (
+    REQUEST_FIELDS,
     Accepted,
     AttemptList,
     AttemptOut,
@@ -87,6 +88,29 @@ class APIError(PromptJobsError):
         self.code = code
         self.detail = detail
         self.problem = problem
+
+
+class InvalidRequest(PromptJobsError, ValueError):
+    """The request was refused before it was sent, for the reasons the API would give
+    (`errors`: each field and what to fix), so a typo costs no round trip."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        super().__init__("fix these fields: " + "; ".join(f"{f}: {m}" for f, m in errors))
+        self.errors = errors
+
+
+def checked(model: type[M], fields: Mapping[str, Any]) -> M:
+    """`fields` (None left out) as the API's own model, or InvalidRequest."""
+    sent = json.dumps({k: v for k, v in fields.items() if v is not None})
+    try:
+        return model.model_validate_json(sent)
+    except ValidationError as err:
+        raise InvalidRequest(
+            [
+                (".".join(str(p) for p in e["loc"]), field_message(e, REQUEST_FIELDS))
+                for e in err.errors()
+            ]
+        ) from None
 
 
 class APIConnectionError(PromptJobsError):
@@ -192,8 +216,7 @@ def submit_call(
     }
     # Checked against the API's own model before it leaves: a typo fails here, with the
     # same message the server would give, and costs no round trip.
-    sent = json.dumps({k: v for k, v in fields.items() if v is not None})
-    body = SubmitPrompt.model_validate_json(sent).model_dump(mode="json", exclude_unset=True)
+    body = checked(SubmitPrompt, fields).model_dump(mode="json", exclude_unset=True)
     # A fresh key per submit: a retry after a lost answer replays the first, never a second job.
     key = idempotency_key or f"pjc-{uuid.uuid4().hex}"
     return Call("POST", "/v1/prompts", json=body, headers={"Idempotency-Key": key})
@@ -222,8 +245,7 @@ def retry_call(
     """A retry, with what the new job runs with instead of the old job's (checked against the
     API's own model before it leaves, as a submission is)."""
     fields = {"options": options, "priority": priority, "max_attempts": max_attempts}
-    sent = json.dumps({k: v for k, v in fields.items() if v is not None})
-    body = RetryJob.model_validate_json(sent).model_dump(mode="json", exclude_unset=True)
+    body = checked(RetryJob, fields).model_dump(mode="json", exclude_unset=True)
     return action_call(job_id, "retry", body or None)
 
 

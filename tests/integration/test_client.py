@@ -25,6 +25,7 @@ from promptjobs.client import (
     APIConnectionError,
     APIError,
     AsyncPromptJobs,
+    InvalidRequest,
     OutputChunk,
     OutputReset,
     PromptJobs,
@@ -450,3 +451,28 @@ async def test_the_async_client_drops_a_silent_stream_instead_of_hanging(
         async with asyncio.timeout(20):
             done = await client.job("job_1").wait(timeout=15)
     assert done.state is JobState.SUCCEEDED
+
+
+async def test_a_misspelt_field_is_named_with_the_one_it_meant_by_client_and_server(
+    stack: Stack,
+) -> None:
+    answer = await stack.http.post(
+        "/v1/prompts", json={"prompt": "x", "options": {"temprature": 0.2}}
+    )
+    assert answer.status_code == 422
+    [error] = answer.json()["errors"]
+    assert error["field"] == "body.options.temprature"
+    assert "unknown field: remove it (did you mean `temperature`?)" in error["message"]
+
+    def client_side() -> str:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            with pytest.raises(InvalidRequest) as refused:
+                client.submit("x", options={"temprature": 0.2})
+            return str(refused.value)
+
+    said = await asyncio.to_thread(client_side)
+    assert said == (
+        "fix these fields: options.temprature: unknown field: remove it (did you mean "
+        "`temperature`?) (see the OpenAPI document for the fields allowed)"
+    )
+    assert "pydantic" not in said
