@@ -34,7 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import create_engine as sa_create_engine
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -237,17 +237,42 @@ STORE_HINT = (
 )
 
 
-def require_store(url: str) -> None:
-    """Raise StoreUnavailable unless `url` names a store whose schema a promptjobs service
-    has created. Never creates one: an operator's command pointed at the wrong place says
-    so rather than showing an empty world."""
+def store_url(url: str) -> URL:
+    """`url` parsed, if it names a store we can use (SQLite or PostgreSQL), else
+    StoreUnavailable saying what a URL should look like."""
     try:
         parsed = make_url(url)
     except ArgumentError as err:
         raise StoreUnavailable(
-            f"the database URL {url!r} is not one (PROMPTJOBS_DATABASE_URL): expected "
-            "postgresql://user@host:port/database or sqlite:///path/to/promptjobs.db"
+            f"the database URL {url!r} is not one (PROMPTJOBS_DATABASE_URL or DATABASE_URL): "
+            "expected postgresql://user@host:port/database or sqlite:///path/to/promptjobs.db"
         ) from err
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        shown = parsed.render_as_string(hide_password=True)
+        raise StoreUnavailable(
+            f"the database URL {shown} is neither PostgreSQL nor SQLite "
+            "(PROMPTJOBS_DATABASE_URL or DATABASE_URL)"
+        )
+    return parsed
+
+
+def migrate_store(url: str) -> None:
+    """`migrate`, with a store that cannot be used said in one StoreUnavailable line."""
+    shown = store_url(url).render_as_string(hide_password=True)
+    try:
+        migrate(url)
+    except DBAPIError as err:
+        reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
+        raise StoreUnavailable(f"cannot use the database at {shown}: {reason}") from err
+    except OSError as err:
+        raise StoreUnavailable(f"cannot use the database at {shown}: {err}") from err
+
+
+def require_store(url: str) -> None:
+    """Raise StoreUnavailable unless `url` names a store whose schema a promptjobs service
+    has created. Never creates one: an operator's command pointed at the wrong place says
+    so rather than showing an empty world."""
+    parsed = store_url(url)
     shown = parsed.render_as_string(hide_password=True)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
@@ -255,10 +280,6 @@ def require_store(url: str) -> None:
         if not database or database == ":memory:" or not Path(database).is_file():
             raise StoreUnavailable(f"no promptjobs store at {database or shown}: {STORE_HINT}")
         url = f"sqlite:///file:{Path(database).resolve()}?mode=ro&uri=true"
-    elif backend != "postgresql":
-        raise StoreUnavailable(
-            f"the database URL {shown} is neither PostgreSQL nor SQLite (PROMPTJOBS_DATABASE_URL)"
-        )
     engine = sa_create_engine(
         sync_url(url), connect_args={} if backend == "sqlite" else {"connect_timeout": 5}
     )

@@ -19,7 +19,7 @@ from temporalio.service import TLSConfig
 
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
-from projections.db import create_engine, dispose, migrate, require_store, session_factory
+from projections.db import create_engine, dispose, migrate_store, require_store, session_factory
 from projections.keys import live_key_ids
 from projections.notifications import EventListener
 from projections.projector import Projector
@@ -60,7 +60,7 @@ async def open_projection(
     if not create:
         await asyncio.to_thread(require_store, url)
     if run_migrations:
-        await asyncio.to_thread(migrate, url)
+        await asyncio.to_thread(migrate_store, url)
     engine = create_engine(
         url,
         pool_size=settings.database_pool_size,

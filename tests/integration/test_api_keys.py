@@ -217,7 +217,10 @@ def test_revoking_an_unknown_key_says_so(tmp_path: Path) -> None:
     [
         ("sqlite:///{tmp}/nodata/promptjobs.db", "error: no promptjobs store at {tmp}/nodata/"),
         ("sqlite:////dev/null/x/promptjobs.db", "error: no promptjobs store at /dev/null/x/"),
-        ("junk", "error: the database URL 'junk' is not one (PROMPTJOBS_DATABASE_URL)"),
+        (
+            "junk",
+            "error: the database URL 'junk' is not one (PROMPTJOBS_DATABASE_URL or DATABASE_URL)",
+        ),
         (
             "postgresql://nobody@127.0.0.1:1/x",
             "error: cannot use the database at postgresql://nobody@127.0.0.1:1/x: ",
