@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 
+from activities.contracts import ArchiveExpired, ArchiveReport
 from projections import operations
-from workflows.contracts import ArchiveExpired, ArchiveReport
 
 
 class RetentionActivities:

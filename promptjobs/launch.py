@@ -35,7 +35,7 @@ from promptjobs.runtime import (
 from promptjobs.settings import Settings
 from promptjobs.tracing import Tracing, start_tracing
 from services.dispatch import PRIORITY_LEVELS
-from services.retention import keep_retention_schedule
+from services.retention import RetentionPolicy, keep_retention_schedule
 from workflows import search_attributes
 
 log = logging.getLogger("promptjobs")
@@ -119,6 +119,15 @@ def _env_without_otel() -> Iterator[None]:
         yield
     finally:
         os.environ.update(ours)
+
+
+def retention_policy(settings: Settings) -> RetentionPolicy:
+    return RetentionPolicy(
+        task_queue=settings.temporal_task_queue,
+        days=settings.retention_days,
+        batch=settings.retention_batch,
+        interval_s=settings.retention_interval_s,
+    )
 
 
 async def dev_api_key(projection: Projection, data_dir: Path) -> str:
@@ -248,7 +257,8 @@ async def serve(
         )
         tasks.append(
             asyncio.create_task(
-                keep_retention_schedule(client, settings, stop), name="retention schedule"
+                keep_retention_schedule(client, retention_policy(settings), stop),
+                name="retention schedule",
             )
         )
     try:

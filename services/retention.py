@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio.client import (
@@ -27,8 +28,7 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from promptjobs.settings import Settings
-from workflows.contracts import ArchiveExpired
+from activities.contracts import ArchiveExpired
 from workflows.retention import RetentionWorkflow
 
 log = logging.getLogger("promptjobs.retention")
@@ -38,18 +38,28 @@ def schedule_id(task_queue: str) -> str:
     return f"promptjobs-retention-{task_queue}"
 
 
-def retention_schedule(settings: Settings) -> Schedule:
-    days = settings.retention_days
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """What the settings say of retention (PROMPTJOBS_RETENTION_*), for one task queue."""
+
+    task_queue: str
+    days: float  # 0: off
+    batch: int
+    interval_s: float
+
+
+def retention_schedule(policy: RetentionPolicy) -> Schedule:
+    days = policy.days
     return Schedule(
         action=ScheduleActionStartWorkflow(
             RetentionWorkflow.run,
-            ArchiveExpired(retention_days=days, batch=settings.retention_batch),
-            id=schedule_id(settings.temporal_task_queue),
-            task_queue=settings.temporal_task_queue,
+            ArchiveExpired(retention_days=days, batch=policy.batch),
+            id=schedule_id(policy.task_queue),
+            task_queue=policy.task_queue,
             execution_timeout=timedelta(hours=2),
         ),
         spec=ScheduleSpec(
-            intervals=[ScheduleIntervalSpec(every=timedelta(seconds=settings.retention_interval_s))]
+            intervals=[ScheduleIntervalSpec(every=timedelta(seconds=policy.interval_s))]
         ),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),
         state=ScheduleState(
@@ -59,10 +69,10 @@ def retention_schedule(settings: Settings) -> Schedule:
     )
 
 
-async def ensure_retention_schedule(client: Client, settings: Settings) -> None:
+async def ensure_retention_schedule(client: Client, policy: RetentionPolicy) -> None:
     """Create, update or (retention off) delete this task queue's schedule."""
-    handle = client.get_schedule_handle(schedule_id(settings.temporal_task_queue))
-    if settings.retention_days <= 0:
+    handle = client.get_schedule_handle(schedule_id(policy.task_queue))
+    if policy.days <= 0:
         try:
             await handle.delete()
             log.warning("retention off: deleted schedule %s", handle.id)
@@ -70,7 +80,7 @@ async def ensure_retention_schedule(client: Client, settings: Settings) -> None:
             if err.status != RPCStatusCode.NOT_FOUND:
                 raise
         return
-    schedule = retention_schedule(settings)
+    schedule = retention_schedule(policy)
     try:
         await client.create_schedule(handle.id, schedule)
     except ScheduleAlreadyRunningError:
@@ -84,14 +94,16 @@ async def ensure_retention_schedule(client: Client, settings: Settings) -> None:
         await handle.update(update)
 
 
-async def keep_retention_schedule(client: Client, settings: Settings, stop: asyncio.Event) -> None:
+async def keep_retention_schedule(
+    client: Client, policy: RetentionPolicy, stop: asyncio.Event
+) -> None:
     """`ensure_retention_schedule` once, retried while Temporal is unreachable, then wait for
     `stop` (a part of the worker process that lives as long as it). A schedule that cannot be
     set never stops the worker from running jobs."""
     delay = 1.0
     while not stop.is_set():
         try:
-            await ensure_retention_schedule(client, settings)
+            await ensure_retention_schedule(client, policy)
             await stop.wait()
             return
         except Exception as err:

@@ -40,22 +40,3 @@ class PromptJobResult:
     response_id: str | None = None
     error_kind: ErrorKind | None = None
     error_message: str | None = None
-
-
-@dataclass
-class ArchiveExpired:
-    """What the retention schedule asks of each run (shown in the Web UI's Schedules page)."""
-
-    # Terminal jobs finished longer ago than this are removed, as `promptjobs jobs archive`.
-    retention_days: float
-    # Jobs removed per transaction: each holds the projection's write lock briefly.
-    batch: int = 500
-
-
-@dataclass
-class ArchiveReport:
-    jobs: int = 0
-    events: int = 0
-    prompts: int = 0
-    responses: int = 0
-    before: str = ""

@@ -8,7 +8,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts import ArchiveExpired, ArchiveReport
+    from activities.contracts import ArchiveExpired, ArchiveReport
 
 
 @workflow.defn(name="ArchiveExpiredJobs")

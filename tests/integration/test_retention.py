@@ -17,11 +17,11 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
+from activities.contracts import ArchiveExpired
 from projections import operations
 from services.retention import schedule_id
 from tests.conftest import Stack, eventually, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
-from workflows.contracts import ArchiveExpired
 
 DAY_S = 86_400
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from activities.contracts import ArchiveExpired
 from promptjobs.history import export_history
 from promptjobs.launch import DEV_SERVER_ARGS
 from promptjobs.runtime import build_dispatcher, temporal_cli
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from workflows import search_attributes
-from workflows.contracts import ArchiveExpired
 from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"

@@ -1,12 +1,15 @@
-"""The operator CLI acts through services/ and never loads the HTTP layer (issue 15): no
-FastAPI, uvicorn or SSE, none of api/'s app, routes or stream feed. It shares only
-api/schemas.py's request models (pure pydantic), to validate a retry as the API does."""
+"""The packages' layering. The operator CLI acts through services/ and never loads the HTTP
+layer (issue 15): no FastAPI, uvicorn or SSE, none of api/'s app, routes or stream feed. It
+shares only api/schemas.py's request models (pure pydantic), to validate a retry as the API
+does. And imports run one way, as the README's map says."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 HTTP_PACKAGES = ("fastapi", "uvicorn", "starlette", "sse_starlette")
 SHARED_MODELS = {"api", "api.schemas"}
@@ -26,3 +29,35 @@ def test_the_operator_commands_load_nothing_of_the_http_layer() -> None:
     http = [m for m in loaded if m.split(".")[0] in HTTP_PACKAGES]
     ours = [m for m in loaded if (m == "api" or m.startswith("api.")) and m not in SHARED_MODELS]
     assert http == [] and ours == [], (http[:5], ours)
+
+
+# The README's import map, top to bottom: a package imports only those below it (and the
+# shell imports the API, whose app it builds).
+LAYERS = {
+    "api": 0, "promptjobs": 0, "services": 1, "workflows": 2, "activities": 3, "projections": 4,
+}  # fmt: skip
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def imported_packages(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return {name.split(".")[0] for name in names}
+
+
+def test_no_package_imports_one_above_it() -> None:
+    upward = [
+        f"{path.relative_to(ROOT)} imports {package}"
+        for layer, rank in LAYERS.items()
+        for path in (ROOT / layer).rglob("*.py")
+        for package in imported_packages(path)
+        if package in LAYERS
+        and package != layer
+        and LAYERS[package] <= rank
+        and not (layer == "promptjobs" and package == "api")
+    ]
+    assert upward == []
