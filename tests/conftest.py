@@ -4,12 +4,14 @@ running promptjobs stack over real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -357,3 +359,41 @@ async def stack(
     settings = make_settings(tmp_path, database_url=database_url)
     async with running_stack(settings, dev_server.client) as running:
         yield running
+
+
+# -- shared helpers -----------------------------------------------------------------------
+
+
+def parse_time(value: str) -> datetime:
+    """A timestamp as the API writes it (UTC ISO-8601 with `Z`)."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def cli_env(stack: Stack, **overrides: str) -> dict[str, str]:
+    """How an operator points the CLI at the service: the same PROMPTJOBS_* settings."""
+    return {
+        "PROMPTJOBS_DATABASE_URL": stack.settings.projection_url,
+        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+        "PROMPTJOBS_TEMPORAL_TASK_QUEUE": stack.settings.temporal_task_queue,
+        "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
+        "PROMPTJOBS_ORG_MAX_RUNNING": str(stack.settings.org_max_running),
+        "PROMPTJOBS_FAKE_ADAPTER": "true",
+        **overrides,
+    }
+
+
+async def cli(stack: Stack, *args: str, **env: str) -> Any:
+    """`promptjobs <args>` against the stack, as an operator runs it; its click Result."""
+    from typer.testing import CliRunner
+
+    from promptjobs.cli import app
+
+    # A thread of its own: the command runs its own event loop, as it does from a shell.
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=cli_env(stack, **env))
+    assert result.exception is None, (result.output, result.exception)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+async def cli_json(stack: Stack, *args: str) -> Any:
+    return json.loads((await cli(stack, *args, "--json")).output)

@@ -11,10 +11,9 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_output
-from tests.conftest import Stack, eventually, make_settings, running_stack
+from tests.conftest import Stack, cli, cli_json, eventually, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from tests.integration.test_api_submit import assert_problem
-from tests.integration.test_operator_cli import cli, cli_json
 
 QUICK = {"fake": {"latency_ms": 5}}
 SLOW = {"fake": {"latency_ms": 800}}

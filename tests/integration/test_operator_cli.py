@@ -14,13 +14,22 @@ from typing import Any
 import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from activities.adapters.fake import fake_output
 from projections.lifecycle import EventType
 from projections.scope import Scope
 from promptjobs.cli import app
-from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
+from tests.conftest import (
+    Stack,
+    cli,
+    cli_env,
+    cli_json,
+    eventually,
+    free_port,
+    make_settings,
+    running_stack,
+)
 
 SLOW = {"fake": {"latency_ms": 20_000}}
 
@@ -30,30 +39,6 @@ async def sqlite_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> Async
     settings = make_settings(tmp_path, database_url=f"sqlite:///{tmp_path / 'jobs.db'}")
     async with running_stack(settings, dev_server.client) as stack:
         yield stack
-
-
-def cli_env(stack: Stack, **overrides: str) -> dict[str, str]:
-    """How an operator points the CLI at the service: the same PROMPTJOBS_* settings."""
-    return {
-        "PROMPTJOBS_DATABASE_URL": stack.settings.projection_url,
-        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
-        "PROMPTJOBS_TEMPORAL_TASK_QUEUE": stack.settings.temporal_task_queue,
-        "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
-        "PROMPTJOBS_FAKE_ADAPTER": "true",
-        **overrides,
-    }
-
-
-async def cli(stack: Stack, *args: str, **env: str) -> Result:
-    # A thread of its own: the command runs its own event loop, as it does from a shell.
-    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=cli_env(stack, **env))
-    assert result.exception is None, (result.output, result.exception)
-    assert result.exit_code == 0, result.output
-    return result
-
-
-async def cli_json(stack: Stack, *args: str) -> Any:
-    return json.loads((await cli(stack, *args, "--json")).output)
 
 
 async def _globex_job(stack: Stack, **body: Any) -> str:

@@ -23,11 +23,12 @@ from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.cli import app
 from promptjobs.runtime import Projection
-from tests.conftest import Stack, eventually, make_settings, running_stack
+from tests.conftest import Stack, cli, eventually, make_settings, parse_time, running_stack
 
 
-def at(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+async def cli_output(stack: Stack, *args: str) -> str:
+    output: str = (await cli(stack, *args)).output
+    return output
 
 
 async def submit(http: httpx.AsyncClient, prompt: str, latency_ms: int, **body: Any) -> str:
@@ -61,27 +62,13 @@ def most_at_once(jobs: list[dict[str, Any]]) -> int:
         edge
         for job in jobs
         if job["started_at"]
-        for edge in ((at(job["started_at"]), 1), (at(job["finished_at"]), -1))
+        for edge in ((parse_time(job["started_at"]), 1), (parse_time(job["finished_at"]), -1))
     )
     running = peak = 0
     for _, step in edges:
         running += step
         peak = max(peak, running)
     return peak
-
-
-def cli_env(stack: Stack) -> dict[str, str]:
-    return {
-        "PROMPTJOBS_DATABASE_URL": stack.settings.projection_url,
-        "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
-        "PROMPTJOBS_ORG_MAX_RUNNING": str(stack.settings.org_max_running),
-    }
-
-
-def cli(stack: Stack, *args: str) -> str:
-    result = CliRunner().invoke(app, list(args), env=cli_env(stack))
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result.output
 
 
 async def test_one_orgs_slow_burst_does_not_delay_another_orgs_job(
@@ -112,7 +99,7 @@ async def test_one_orgs_slow_burst_does_not_delay_another_orgs_job(
         # Waiting spends no attempt.
         assert all(job["attempt"] == 0 for job in a_rows if job["state"] == "queued")
         listed = await eventually(
-            lambda: asyncio.to_thread(cli, stack, "orgs", "list", "--json"),
+            lambda: cli_output(stack, "orgs", "list", "--json"),
             lambda out: (
                 {"org": "org-a", "running": 10, "waiting": 190}.items()
                 <= next(o for o in json.loads(out) if o["org"] == "org-a").items()
@@ -140,7 +127,7 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
     settings = make_settings(tmp_path, database_url=database_url, org_max_running=10)
     async with running_stack(settings, dev_server.client) as stack:
         # The org's own limit, as an operator sets it: 2 (the default stays 10).
-        assert "at most 2 jobs" in await asyncio.to_thread(cli, stack, "orgs", "limit", "acme", "2")
+        assert "at most 2 jobs" in await cli_output(stack, "orgs", "limit", "acme", "2")
         jobs = [await submit(stack.http, f"p{i}", 400) for i in range(8)]
         waiting = await eventually(
             lambda: rows(stack.http, jobs),
@@ -152,7 +139,7 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
         assert all(row["attempt"] == 0 for row in waiting if row["state"] == "queued")
         (acme,) = [
             row
-            for row in json.loads(await asyncio.to_thread(cli, stack, "orgs", "list", "--json"))
+            for row in json.loads(await cli_output(stack, "orgs", "list", "--json"))
             if row["org"] == "acme"
         ]
         # Between one job's settling and the next one's admission it may show 1.
@@ -165,7 +152,7 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
         assert most_at_once(done) == 2
 
         # Back to the default: the next burst runs up to ten at once.
-        await asyncio.to_thread(cli, stack, "orgs", "limit", "acme", "--default")
+        await cli_output(stack, "orgs", "limit", "acme", "--default")
         more = [await submit(stack.http, f"q{i}", 400) for i in range(6)]
         done = [await stack.settled(job_id, timeout=60) for job_id in more]
         assert [row["state"] for row in done] == ["succeeded"] * 6
@@ -173,7 +160,7 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
         # Every org the store knows is listed: acme, with only settled jobs now, and an org
         # that has an API key and nothing else yet.
         await stack.key("initech", "peter")
-        listed = json.loads(await asyncio.to_thread(cli, stack, "orgs", "list", "--json"))
+        listed = json.loads(await cli_output(stack, "orgs", "list", "--json"))
         assert {"acme", "initech"} <= {row["org"] for row in listed}
 
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from tests.conftest import (
     eventually,
     free_port,
     make_settings,
+    parse_time,
     provider_settings,
     running_stack,
 )
@@ -48,10 +49,6 @@ async def provider_stack(
 
 async def events(stack: Stack, job_id: str) -> list[JobEvent]:
     return await stack.projection.store.job_events(ALICE, job_id)
-
-
-def at(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 async def run_job(
@@ -130,7 +127,7 @@ async def test_rate_limited_attempt_waits_as_long_as_the_provider_says(
     assert len(await mock_provider.requests(prompt)) == 2
     requeued, retried = log[2], log[3]
     assert requeued.state.value == Q and requeued.data["error_kind"] == "rate_limit"
-    next_attempt_at = at(requeued.data["next_attempt_at"])
+    next_attempt_at = parse_time(requeued.data["next_attempt_at"])
     # next_attempt_at is the failure's time plus the provider's wait.
     waited = (next_attempt_at - requeued.created_at).total_seconds()
     assert wait_s - 0.25 <= waited <= wait_s + 0.25
@@ -144,7 +141,7 @@ async def test_429_without_retry_after_waits_the_configured_default(
     _prompt, job, log = await run_job(provider_stack, "openai", "mock:fail=429")
     assert job["state"] == S
     requeued = log[2]
-    waited = (at(requeued.data["next_attempt_at"]) - requeued.created_at).total_seconds()
+    waited = (parse_time(requeued.data["next_attempt_at"]) - requeued.created_at).total_seconds()
     # provider_settings sets rate_limit_default_s = 1.
     assert 0.75 <= waited <= 1.25
 

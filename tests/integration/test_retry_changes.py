@@ -5,14 +5,13 @@ attempt's start."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import Stack, make_settings, running_stack
+from tests.conftest import Stack, make_settings, parse_time, running_stack
 from tests.integration.test_api_submit import assert_problem
 
 RATE_LIMITED = {"fake": {"latency_ms": 5, "fail": ["rate_limit"], "retry_after_s": 1}}
@@ -125,11 +124,7 @@ async def test_the_row_shows_when_the_current_attempt_started(sqlite_stack: Stac
     accepted = await stack.submit("twice", options=RATE_LIMITED)
     job = await stack.settled(accepted["job_id"])
     assert job["state"] == "succeeded" and job["attempt"] == 2
-    first, current = _ts(job["started_at"]), _ts(job["attempt_started_at"])
+    first, current = parse_time(job["started_at"]), parse_time(job["attempt_started_at"])
     # Attempt 2 waited out the 1 s Retry-After after attempt 1.
     assert (current - first).total_seconds() >= 1
-    assert current <= _ts(job["finished_at"])
-
-
-def _ts(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    assert current <= parse_time(job["finished_at"])

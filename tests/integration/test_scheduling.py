@@ -16,7 +16,7 @@ from projections.lifecycle import JobState
 from projections.models import Job
 from projections.scope import Scope
 from promptjobs.settings import Settings
-from tests.conftest import Stack, eventually, make_settings, new_worker, running_stack
+from tests.conftest import Stack, eventually, make_settings, new_worker, parse_time, running_stack
 from workflows.prompt_job import PromptJobWorkflow
 
 OPERATOR = Scope.operator()
@@ -128,18 +128,14 @@ async def _submit(http: httpx.AsyncClient, prompt: str, priority: int = 50) -> s
     return job_id
 
 
-def _ts(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
 async def test_scheduled_prompt_waits_queued_until_its_time(stack: Stack) -> None:
     at = datetime.now(UTC) + timedelta(seconds=3)
     accepted = await stack.submit("later", scheduled_for=at.isoformat(), options=QUICK)
     job = await stack.job(accepted["job_id"])
-    assert job["state"] == "queued" and _ts(job["scheduled_for"]) == at
+    assert job["state"] == "queued" and parse_time(job["scheduled_for"]) == at
     job = await stack.settled(accepted["job_id"], timeout=30)
     assert job["state"] == "succeeded"
-    assert _ts(job["started_at"]) >= at
+    assert parse_time(job["started_at"]) >= at
 
 
 async def test_scheduled_prompt_cancelled_before_its_time_never_runs(stack: Stack) -> None:
@@ -153,7 +149,7 @@ async def test_scheduled_prompt_cancelled_before_its_time_never_runs(stack: Stac
     assert job["state"] == "cancelled"
     assert job["attempt"] == 0 and job["started_at"] is None
     # Temporal runs a start-delayed workflow's first task at once when it is cancelled.
-    assert _ts(job["finished_at"]) < at
+    assert parse_time(job["finished_at"]) < at
     description = await eventually(
         lambda: stack.client.get_workflow_handle(job_id).describe(),
         lambda d: d.status is not None and d.status.name != "RUNNING",
