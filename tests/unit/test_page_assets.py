@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.routes import page
 from api.routes.page import ASSETS, STATIC
+from projections.lifecycle import OUTPUT_STATES, JobState
 
 # `import { a, b } from "./x.js";` — the only form the page's modules use.
 IMPORT = re.compile(r'^import\s[^;]*?\sfrom\s"\./([^"]+)";', re.MULTILINE)
@@ -54,3 +55,17 @@ def test_scripts_are_served_as_javascript() -> None:
             if name.endswith(".js"):
                 assert media_type == "text/javascript", name
                 assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_pages_state_sets_are_the_lifecycles() -> None:
+    """The page spells three sets of states in JavaScript; each is lifecycle.py's."""
+    source = (STATIC / "jobs.js").read_text()
+
+    def spelt(name: str) -> set[str]:
+        found = re.search(rf"const {name} = new Set\(\[([^\]]*)\]\);", source)
+        assert found is not None, name
+        return set(re.findall(r'"([a-z_]+)"', found.group(1)))
+
+    assert spelt("IN_FLIGHT") == {state.value for state in JobState if state.is_cancelable()}
+    assert spelt("RETRYABLE") == {s.value for s in JobState if s.is_retryable_by_user()}
+    assert spelt("OUTPUT_STATES") == {state.value for state in OUTPUT_STATES}
