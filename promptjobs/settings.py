@@ -302,15 +302,3 @@ class Settings(BaseSettings):
             jitter=self.backoff_jitter,
             rate_limit_default_s=self.rate_limit_default_s,
         )
-
-
-class ClientSettings(BaseSettings):
-    """What `promptjobs.client` reads when it is not told (docs/client.md): the caller's
-    environment, not the service's, so no .env file of a server checkout is read."""
-
-    model_config = SettingsConfigDict(env_prefix="PROMPTJOBS_", extra="ignore")
-
-    url: str = "http://127.0.0.1:8000"
-    """Base URL of the promptjobs API."""
-    api_key: SecretStr | None = None
-    """The API key the client sends (`promptjobs keys create`)."""

@@ -1,0 +1,251 @@
+"""The wire shapes of the promptjobs API, as this client reads and sends them.
+
+Its own, not imported from the server, so the client installs alone. What the server answers
+is read leniently (a field a newer server adds is ignored); what the client sends is checked
+strictly before it leaves, with the server's rules for the fields it has, so a mistake costs
+no round trip. The server's test suite checks these against its OpenAPI document
+(tests/unit/test_client_models.py), so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+# What the server answers: read as far as this client knows it.
+ANSWER = ConfigDict(extra="ignore")
+# What the client sends: exactly the fields the API takes.
+REQUEST = ConfigDict(extra="forbid")
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SUPERSEDED = "superseded"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobState.QUEUED, JobState.RUNNING)
+
+
+class EventType(StrEnum):
+    """The `event:` names of `GET /v1/events`."""
+
+    STATE_CHANGED = "job.state_changed"
+    OUTPUT = "job.output"
+    OUTPUT_RESET = "job.output_reset"
+    USAGE = "job.usage"
+    DONE = "job.done"
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+class JobOut(BaseModel):
+    """A job row (the API's `JobOut`)."""
+
+    model_config = ANSWER
+
+    job_id: str
+    prompt_id: str
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    waiting_on: list[str] | None = None
+    options: dict[str, Any] | None = None
+    options_omitted: bool = False
+    error_kind: str | None = None
+    error_message: str | None = None
+    next_attempt_at: datetime | None = None
+    response_id: str | None = None
+    supersedes: str | None = None
+    superseded_by: str | None = None
+    scheduled_for: datetime | None = None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    attempt_started_at: datetime | None = None
+    finished_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class Accepted(BaseModel):
+    model_config = ANSWER
+
+    prompt_id: str
+    job_id: str
+    state: JobState
+
+
+class JobList(BaseModel):
+    model_config = ANSWER
+
+    jobs: list[JobOut]
+    next_cursor: str
+
+
+class PromptOut(BaseModel):
+    model_config = ANSWER
+
+    prompt_id: str
+    prompt: str
+    author: str
+    options: dict[str, Any]
+    parent_id: str | None = None
+    correlation_id: str | None = None
+    after: list[str] = Field(default_factory=list)
+    children: list[str] = Field(default_factory=list)
+    created_at: datetime
+    jobs: list[JobOut]
+    job_count: int
+
+
+class PromptList(BaseModel):
+    model_config = ANSWER
+
+    prompts: list[PromptOut]
+    next_before: str | None = None
+    cursor: str
+
+
+class Usage(BaseModel):
+    model_config = ANSWER
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    usage_estimated: bool = False
+    cost_usd: float | None = None
+
+
+class ResponseOut(BaseModel):
+    model_config = ANSWER
+
+    response_id: str
+    job_id: str
+    prompt_id: str
+    text: str
+    provider: str
+    model: str
+    provider_request_id: str | None = None
+    finish_reason: str | None = None
+    usage: Usage
+    latency_ms: int | None = None
+    first_token_ms: int | None = None
+    attempt: int
+    created_at: datetime
+
+
+class OutputChunk(BaseModel):
+    """A piece of a job's streamed text (a `job.output` event)."""
+
+    model_config = ANSWER
+
+    job_id: str
+    attempt: int
+    offset: int
+    text: str
+
+
+class OutputReset(BaseModel):
+    """A `job.output_reset` event: drop the text of earlier attempts."""
+
+    model_config = ANSWER
+
+    job_id: str
+    attempt: int
+
+
+class OutputOut(OutputChunk):
+    done: bool
+
+
+class AttemptOut(BaseModel):
+    model_config = ANSWER
+
+    attempt: int
+    outcome: str
+    provider: str
+    model: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    usage_estimated: bool = False
+    cost_usd: float | None = None
+    output_chars: int = 0
+    first_token_ms: int | None = None
+    duration_ms: int
+    started_at: datetime
+    ended_at: datetime
+
+
+class AttemptList(BaseModel):
+    model_config = ANSWER
+
+    job_id: str
+    attempts: list[AttemptOut]
+
+
+class FieldError(BaseModel):
+    model_config = ANSWER
+
+    field: str
+    message: str
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details, as the API sends every error."""
+
+    model_config = ANSWER
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    instance: str | None = None
+    errors: list[FieldError] = Field(default_factory=list)
+    job_id: str | None = None
+    state: str | None = None
+    prompt_id: str | None = None
+    limit: int | None = None
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+Priority = Annotated[StrictInt, Field(ge=0, le=100)]
+MaxAttempts = Annotated[StrictInt, Field(ge=1, le=10)]
+PromptId = Annotated[StrictStr, Field(min_length=1, max_length=40)]
+
+
+class SubmitPrompt(BaseModel):
+    """`POST /v1/prompts`. `options` are checked by the server, which knows its providers."""
+
+    model_config = REQUEST
+
+    prompt: StrictStr = Field(min_length=1)
+    priority: Priority = 50
+    max_attempts: MaxAttempts | None = None
+    scheduled_for: AwareDatetime | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    parent_id: StrictStr | None = Field(default=None, max_length=40)
+    correlation_id: StrictStr | None = Field(default=None, max_length=128)
+    after: list[PromptId] = Field(default_factory=list, max_length=16)
+
+
+class RetryJob(BaseModel):
+    """`POST /v1/jobs/{id}/retry`: what the new job runs with instead (each optional)."""
+
+    model_config = REQUEST
+
+    options: dict[str, Any] | None = None
+    priority: Priority | None = None
+    max_attempts: MaxAttempts | None = None
