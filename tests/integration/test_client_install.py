@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import venv
 from pathlib import Path
@@ -30,10 +31,12 @@ with PromptJobs() as client:
 
 
 def install_alone(where: Path) -> Path:
-    venv.create(where, with_pip=True)
-    python = where / "bin" / "python"
+    venv.create(where / "venv", with_pip=True)
+    python = where / "venv" / "bin" / "python"
+    # From a copy: pip builds in the source folder, which is not to be written in.
+    source = shutil.copytree(CLIENT, where / "client", ignore=shutil.ignore_patterns("build"))
     subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(CLIENT)],
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
         check=True, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     return python
@@ -42,7 +45,7 @@ def install_alone(where: Path) -> Path:
 async def test_the_client_installs_alone_and_follows_a_job(
     dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    python = await asyncio.to_thread(install_alone, tmp_path / "venv")
+    python = await asyncio.to_thread(install_alone, tmp_path)
     settings = make_settings(tmp_path, database_url=f"sqlite:///{tmp_path / 'jobs.db'}")
     async with running_stack(settings, dev_server.client) as stack:
         said = await asyncio.to_thread(use_alone, python, stack, tmp_path)
