@@ -26,6 +26,7 @@ from schemathesis.schemas import APIOperation
 from temporalio.testing import WorkflowEnvironment
 
 from api.schemas import SubmitPrompt
+from projections.db import migrate
 from tests.conftest import free_port
 
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
@@ -48,6 +49,8 @@ def live_api(
         "PROMPTJOBS_TEMPORAL_TASK_QUEUE": f"schemathesis-{port}",
         "PROMPTJOBS_FAKE_ADAPTER": "true",
     }
+    # The store as `promptjobs api` creates it (an operator's command never creates one).
+    migrate(env["PROMPTJOBS_DATABASE_URL"])
     created = subprocess.run(
         [PROMPTJOBS, "keys", "create", "--org", "acme", "--user", "alice", "--json"],
         env=env,
