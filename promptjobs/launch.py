@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import os
 import shlex
 import signal
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import make_url
 from temporalio.client import Client, Interceptor
@@ -180,7 +183,8 @@ async def run_dev(
     ui: bool = True,
     on_ready: Callable[[DevStack], None] | None = None,
 ) -> None:
-    """Temporal dev server, worker, dispatcher and API in one process, until `stop`."""
+    """Temporal dev server, dispatcher and API in this process and a worker in a child
+    process, until `stop`."""
     stop = stop or asyncio.Event()
     ensure_port_free(settings.api_host, settings.api_port, "API", "PROMPTJOBS_API_PORT")
     tracing = start_tracing(settings, "dev")
@@ -200,20 +204,61 @@ async def run_dev(
                 database_url=make_url(settings.projection_url).render_as_string(hide_password=True),
                 env_file=write_env_file(settings, key),
             )
-            await serve(
-                settings,
-                env.client,
-                projection,
-                stop,
-                run_worker=True,
-                run_api=True,
-                on_ready=lambda: on_ready(stack) if on_ready else None,
-                tracing=tracing,
-            )
+            # The worker in a process of its own, as in production: its adapters' streaming
+            # and projection writes do not share the API's event loop and interpreter.
+            async with worker_process(settings, stop) as worker:
+                await serve(
+                    settings,
+                    env.client,
+                    projection,
+                    stop,
+                    run_worker=False,
+                    run_api=True,
+                    on_ready=lambda: on_ready(stack) if on_ready else None,
+                    tracing=tracing,
+                    watch=[worker],
+                )
     finally:
         await env.shutdown()
         if tracing is not None:
             tracing.shutdown()
+
+
+@asynccontextmanager
+async def worker_process(
+    settings: Settings, stop: asyncio.Event
+) -> AsyncIterator[asyncio.Task[int]]:
+    """`promptjobs worker` as a child process with `settings`, its output on ours; yields a
+    task that ends (with its exit code) if the worker does. Stopped on the way out: SIGTERM,
+    the shutdown grace, then SIGKILL. A child of a parent that dies is sent SIGTERM too
+    (Linux), so Ctrl-C or a kill of `promptjobs dev` leaves no worker behind."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")}
+    env.pop("DATABASE_URL", None)
+    env.update(settings.environment())
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "promptjobs", "worker", env=env, preexec_fn=_die_with_parent
+    )
+    exited = asyncio.create_task(child.wait(), name="worker process")
+    try:
+        yield exited
+    finally:
+        stop.set()
+        if child.returncode is None:
+            with suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(settings.shutdown_grace_s + 15):
+                    await asyncio.shield(exited)
+            except TimeoutError:
+                child.kill()
+                await exited
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 async def serve(
@@ -226,8 +271,10 @@ async def serve(
     run_api: bool,
     on_ready: Callable[[], None] | None = None,
     tracing: Tracing | None = None,
+    watch: Sequence[asyncio.Task[Any]] = (),
 ) -> None:
-    """Run a worker and/or the API (with its dispatcher) against one projection until `stop`.
+    """Run a worker and/or the API (with its dispatcher) against one projection until `stop`
+    (or until a task of `watch`, a part that runs elsewhere, ends).
 
     On stop the API closes its listening socket, ends its SSE streams (their clients resume
     with Last-Event-ID elsewhere) and lets in-flight requests finish within
@@ -277,7 +324,7 @@ async def serve(
         if on_ready is not None:
             on_ready()
         stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([stopped, *tasks, *watch], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         for task in done:
             if task is not stopped and task.exception() is not None:

@@ -262,6 +262,28 @@ class Settings(BaseSettings):
             return "anthropic"
         return "openai"
 
+    def environment(self) -> dict[str, str]:
+        """These settings as the environment variables that give them, for a process of
+        ours started with the same configuration (`promptjobs dev` starts its worker so)."""
+        variables: dict[str, str] = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            alias = field.validation_alias
+            if isinstance(alias, AliasChoices):
+                variable = str(alias.choices[0])
+            else:
+                variable = f"PROMPTJOBS_{name.upper()}"
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, Path):
+                value = value.resolve()
+            variables[variable] = str(value)
+        return variables
+
     @property
     def projection_url(self) -> str:
         if self.database_url:

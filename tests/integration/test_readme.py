@@ -5,13 +5,14 @@ ports), from a second shell that did what the banner says (`source .data/env`)."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,7 @@ class Dev:
     home: Path
     process: asyncio.subprocess.Process
     printed: list[str]
+    worker_pids: set[int] = field(default_factory=set)
 
     async def stop(self) -> str:
         """Ctrl-C, as a user stops it: everything it printed."""
@@ -115,12 +117,27 @@ async def test_the_readmes_python_example_runs_as_written(dev: Dev) -> None:
     assert ran.stdout.startswith("succeeded [fake:"), ran.stdout
 
 
+async def test_dev_runs_its_worker_in_a_process_of_its_own(dev: Dev) -> None:
+    """As in production: the API's event loop does not share the adapters' streaming (the
+    submit latency it bought: bench.dev_latency, bench/README.md)."""
+    script = "set -euo pipefail\nsource .data/env\npromptjobs status --json\n"
+    ran = await asyncio.to_thread(run_in, dev.home, ["bash"], script)
+    assert ran.returncode == 0, ran.stderr
+    workers = json.loads(ran.stdout)["registered_workers"]
+    pids = {worker["config"]["pid"] for worker in workers if worker["status"] == "alive"}
+    assert pids and dev.process.pid not in pids, workers
+    dev.worker_pids = pids
+
+
 async def test_the_dev_console_stays_quiet_through_the_walk_through(dev: Dev) -> None:
     """Last (it stops dev): the walk-through cancelled a running job, which is expected, so
     nothing on the console looks like an error (Temporal core's "Activity not found on
     completion" warning is lowered to debug)."""
     printed = await dev.stop()
     assert dev.process.returncode == 0
+    for pid in dev.worker_pids:  # its worker stopped with it
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
     after_banner = printed.split("source ", 1)[1]
     assert "Activity not found" not in after_banner, after_banner
     assert "WARN" not in after_banner and "Traceback" not in after_banner, after_banner

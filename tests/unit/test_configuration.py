@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -73,3 +74,26 @@ def test_the_fake_provider_is_off_by_default_and_no_job_falls_back_to_it(
     monkeypatch.setenv("PROMPTJOBS_FAKE_ADAPTER", "true")
     assert Settings().provider_default == "fake"
     assert Settings(default_provider="anthropic").provider_default == "anthropic"
+
+
+def test_settings_given_to_a_child_process_are_the_same_settings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`promptjobs dev` starts its worker with `Settings.environment()`: read back from the
+    environment, they are the settings it had, secrets and aliases included."""
+    given = Settings(
+        data_dir=tmp_path,
+        database_url="postgresql://u:secret@db:5432/p",
+        fake_adapter=True,
+        openai_api_key="sk-test",  # type: ignore[arg-type]
+        heartbeat_timeout_s=2.5,
+        otel_traces_exporter="console",
+        default_provider="fake",
+    )
+    for name in list(os.environ):
+        if name.startswith(("PROMPTJOBS_", "OTEL_")) or name == "DATABASE_URL":
+            monkeypatch.delenv(name)
+    for name, value in given.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)  # no .env file of the checkout
+    assert Settings() == given
