@@ -7,6 +7,7 @@ import sys
 
 NAMES = [
     "submit_latency",
+    "dev_latency",
     "throughput",
     "concurrency",
     "event_latency",
