@@ -1,0 +1,530 @@
+"""One attempt of one job on this worker: the provider call, from its request to its end.
+
+An `Attempt` is built once per `call_adapter`, holding the call, the job and its prompt, the
+stream of its text, its meter and its "running" report; its methods read like its life:
+`run` (the call, streaming), then a success, a failure (`lifecycle.next_step` decides what
+it leads to) or one of the three kinds of cancellation `Cancellation` names. What every
+attempt of this worker shares (the projector, adapters, prices, backoff) is `AttemptTools`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+from opentelemetry import trace
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.service import RPCError
+
+from activities.adapters.base import (
+    AdapterRegistry,
+    AdapterRequest,
+    InvalidOptions,
+    StreamedOutput,
+)
+from activities.contracts import (
+    ATTEMPT_REPORTED,
+    JOB_CLOSED,
+    AdapterCall,
+    AdapterOutcome,
+    AttemptReport,
+)
+from activities.errors import AdapterError
+from activities.outages import through_outages
+from activities.output import AttemptStream, OutputStreams
+from activities.prices import PriceTable
+from projections import metrics
+from projections.chain_store import parent_answers
+from projections.chains import substitute
+from projections.lifecycle import (
+    AttemptResult,
+    BackoffPolicy,
+    End,
+    ErrorKind,
+    FailedAttempt,
+    JobState,
+    next_step,
+)
+from projections.models import Job, Prompt, job_options
+from projections.projector import Projector, Transition
+from projections.streams import AttemptUsage, OutputBatch
+
+TRACER = trace.get_tracer("promptjobs.activities")
+
+# About four characters a token: OpenAI's rule of thumb for English, used only where the
+# provider did not say (a stream cut before its usage chunk, the fake provider).
+CHARS_PER_TOKEN = 4
+
+
+def estimate_tokens(text: str) -> int:
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+@dataclass(frozen=True)
+class AttemptTools:
+    """What every attempt of this worker uses, given once (tests hand in their own)."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    projector: Projector
+    adapters: AdapterRegistry
+    backoff: BackoffPolicy
+    streams: OutputStreams
+    prices: PriceTable
+    worker: str
+    metrics_org_labels: bool = False
+
+    async def end_attempt(self, tail: OutputBatch | None, usage: AttemptUsage) -> None:
+        """An attempt ended without a transition of its own: keep its text and usage."""
+        await through_outages("end attempt", lambda: self.projector.end_attempt(tail, usage))
+        self.count(usage)
+
+    def count(self, usage: AttemptUsage) -> None:
+        # Org labels only where the operator turned them on (PROMPTJOBS_METRICS_ORG_LABELS).
+        metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
+
+    async def load(self, job_id: str) -> tuple[Job, Prompt]:
+        return await through_outages("load job", lambda: self._read(job_id))
+
+    async def _read(self, job_id: str) -> tuple[Job, Prompt]:
+        async with self.sessions() as session:
+            job = await session.get(Job, job_id)
+            assert job is not None, job_id
+            prompt = await session.get(Prompt, job.prompt_id)
+            assert prompt is not None, job.prompt_id
+            return job, prompt
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    """A successful call: what it produced, the streamed text not written yet, and the
+    attempt's usage record."""
+
+    outcome: AdapterOutcome
+    tail: OutputBatch | None
+    usage: AttemptUsage
+
+
+class Cancellation(StrEnum):
+    """Why an attempt's call was cancelled, which decides what the attempt does next."""
+
+    # The job's row no longer wants the call (cancelled, or taken over by a later attempt):
+    # nobody waits for it, so the attempt reads the row and ends as it says.
+    STOPPED_BY_ROW = "stopped by its row"
+    # The workflow asked (the job is being cancelled): keep what was streamed and consumed.
+    REQUESTED = "requested"
+    # The worker's shutdown grace ran out mid-call: a worker_crash, re-queued elsewhere now.
+    WORKER_SHUTDOWN = "worker shutdown"
+
+
+def cancellation(
+    stopped_by_row: bool, cancelling: bool, details: activity.ActivityCancellationDetails | None
+) -> Cancellation:
+    """Tell the three apart: the row's stop cancels only the call's task (ours is not being
+    cancelled); Temporal's cancellation cancels ours, and says whether the worker shut down
+    without anyone asking."""
+    if stopped_by_row and not cancelling:
+        return Cancellation.STOPPED_BY_ROW
+    if details is not None and details.worker_shutdown and not details.cancel_requested:
+        return Cancellation.WORKER_SHUTDOWN
+    return Cancellation.REQUESTED
+
+
+class AttemptMeter:
+    """Times one attempt and makes its usage record: the provider's counts where it gave
+    them, estimates where it did not (flagged), and the cost by the worker's price table."""
+
+    def __init__(
+        self,
+        adapters: AdapterRegistry,
+        prices: PriceTable,
+        org: str,
+        request: AdapterRequest,
+        output: StreamedOutput,
+    ) -> None:
+        self.adapters = adapters
+        self.prices = prices
+        self.org = org
+        self.request = request
+        self.output = output
+        self.began = time.monotonic()
+        self.began_at = datetime.now(UTC)
+
+    def usage(self, outcome: str, result: AttemptResult | None = None) -> AttemptUsage:
+        output = self.output
+        options = self.request.options
+        provider = result.provider if result else self.adapters.provider_of(options)
+        model = result.model if result else self.adapters.model_of(options)
+        given_in = result.input_tokens if result else output.input_tokens
+        given_out = result.output_tokens if result else output.output_tokens
+        estimated = output.usage_estimated or bool(result and result.usage_estimated)
+        if given_in is None:
+            system = str(options.get("system") or "")
+            given_in, estimated = estimate_tokens(system + self.request.prompt), True
+        if given_out is None:
+            given_out, estimated = estimate_tokens(output.text), True
+        first = output.first_delta_at
+        origin = output.called_at or self.began
+        return AttemptUsage(
+            job_id=self.request.job_id,
+            attempt=self.request.attempt,
+            org=self.org,
+            outcome=outcome,
+            provider=provider[:32],
+            model=model[:128],
+            input_tokens=given_in,
+            output_tokens=given_out,
+            usage_estimated=estimated,
+            cost_usd=self.prices.cost(model, given_in, given_out),
+            output_chars=output.length,
+            first_token_ms=None if first is None else round((first - origin) * 1000),
+            duration_ms=round((time.monotonic() - self.began) * 1000),
+            started_at=self.began_at,
+            ended_at=datetime.now(UTC),
+        )
+
+
+class Attempt:
+    """Attempt `number` of the job `call` names, on this worker (see the module's text)."""
+
+    def __init__(
+        self,
+        tools: AttemptTools,
+        call: AdapterCall,
+        number: int,
+        job: Job,
+        prompt: Prompt,
+        running: DelayedReport,
+    ) -> None:
+        self.tools = tools
+        self.call = call
+        self.number = number
+        self.job = job
+        self.prompt = prompt
+        self.running = running
+        self._calling: asyncio.Task[AttemptResult] | None = None
+
+    async def run(self) -> Succeeded:
+        """The adapter call, streaming its text to the projection as it comes. It ends in a
+        success (returned with the text not yet written and the attempt's usage), a failure
+        (recorded, and raised for Temporal), a cancellation, or a stop: the job's row says
+        the call is no longer wanted, and the provider's stream is closed at once instead of
+        at Temporal's next heartbeat."""
+        # On the attempt's activity span (a no-op span while tracing is off).
+        trace.get_current_span().set_attributes(
+            {
+                "promptjobs.job_id": self.job.job_id,
+                "promptjobs.org": self.job.org,
+                "promptjobs.attempt": self.number,
+            }
+        )
+        request = await self._request()
+        stream = self.tools.streams.open(self.job.job_id, self.number, self._stop)
+        meter = AttemptMeter(
+            self.tools.adapters, self.tools.prices, self.job.org, request, stream.output
+        )
+        self._calling = asyncio.create_task(self._complete(request, stream.output))
+        try:
+            try:
+                result = await self._calling
+            finally:
+                # No more flushes of it; what it has not written goes with the attempt's end.
+                await self.tools.streams.close(stream)
+        except AdapterError as err:
+            usage = meter.usage(err.kind.value)
+            raise await self._failed(err, stream.unwritten(), usage) from err
+        except asyncio.CancelledError:
+            own = asyncio.current_task()
+            why = cancellation(
+                stream.stopped is not None,
+                own is not None and own.cancelling() > 0,
+                activity.cancellation_details(),
+            )
+            instead = await self._cancelled(why, stream, meter)
+            if instead is None:
+                raise
+            raise instead from None
+        return self._succeeded(result, stream, meter)
+
+    async def _request(self) -> AdapterRequest:
+        text = self.prompt.text
+        if self.prompt.after:
+            # A chain's child runs with its parents' answers in place of the placeholders.
+            answers = await parent_answers(self.tools.sessions, self.prompt.after)
+            text = substitute(text, self.prompt.after, answers)
+        return AdapterRequest(
+            job_id=self.job.job_id,
+            prompt_id=self.prompt.prompt_id,
+            prompt=text,
+            attempt=self.number,
+            options=job_options(self.job, self.prompt),
+        )
+
+    def _stop(self, why: str) -> None:
+        """The job's row no longer wants the call (the stream's watch says so)."""
+        if self._calling is not None:
+            self._calling.cancel(why)
+
+    def _succeeded(
+        self, result: AttemptResult, stream: AttemptStream, meter: AttemptMeter
+    ) -> Succeeded:
+        if result.text != stream.output.text:
+            if stream.output.length:
+                activity.logger.warning(
+                    "job %s: the %s adapter's text differs from what it streamed; the streamed "
+                    "text stands",
+                    self.job.job_id,
+                    result.provider,
+                )
+            else:
+                stream.output.delta(result.text)  # an adapter that answered in one piece
+        usage = meter.usage(JobState.SUCCEEDED.value, result)
+        outcome = AdapterOutcome(
+            **asdict(
+                replace(
+                    result,
+                    text=stream.output.text,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    usage_estimated=usage.usage_estimated,
+                    cost_usd=usage.cost_usd,
+                    first_token_ms=usage.first_token_ms,
+                )
+            ),
+            attempt=self.number,
+        )
+        return Succeeded(outcome, stream.unwritten(), usage)
+
+    async def _cancelled(
+        self, why: Cancellation, stream: AttemptStream, meter: AttemptMeter
+    ) -> BaseException | None:
+        """What a cancelled call leads to: the exception to raise instead of the cancellation,
+        or None to let the cancellation itself go on."""
+        if why is Cancellation.STOPPED_BY_ROW:
+            await self.tools.end_attempt(stream.unwritten(), meter.usage(JobState.CANCELLED.value))
+            assert stream.stopped is not None
+            return await self._stopped(stream.stopped)
+        if why is Cancellation.REQUESTED:
+            # What the call streamed and consumed is kept, however often the cancel is
+            # repeated meanwhile.
+            usage = meter.usage(JobState.CANCELLED.value)
+            await asyncio.shield(self.tools.end_attempt(stream.unwritten(), usage))
+            return None
+        # Reported as a cancellation this would be refused (nobody asked) and the attempt
+        # would idle until its heartbeat timed out; as a worker_crash it is re-queued now and
+        # runs on another worker.
+        lost = AdapterError(
+            ErrorKind.WORKER_CRASH,
+            f"attempt {self.number} cut off: worker {self.tools.worker} shut down mid-call",
+        )
+        return await self._failed(lost, stream.unwritten(), meter.usage(lost.kind.value))
+
+    async def _stopped(self, why: str) -> BaseException:
+        """The call was stopped because the row no longer wants it. A settled row ends the
+        attempt as JOB_CLOSED (the workflow has moved on, or takes the row's word); a row
+        that is only asked to cancel, or already runs a later attempt, waits for Temporal's
+        cancellation, which its next heartbeat brings."""
+        activity.logger.info(
+            "job %s attempt %d: provider call stopped: %s", self.job.job_id, self.number, why
+        )
+        job, _prompt = await self.tools.load(self.job.job_id)
+        if job.state.is_terminal:
+            return job_closed(job.state, job.error_kind, job.error_message)
+        await asyncio.Event().wait()  # ended by Temporal's cancellation
+        raise AssertionError("unreachable")
+
+    async def _complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+        adapters = self.tools.adapters
+        provider = adapters.provider_of(request.options)
+        # The provider call's own span: the SDKs' HTTP transports are not all httpx (the
+        # OpenAI SDK ships its own fork), so the call is traced here, whatever carries it.
+        # With tracing off this is OpenTelemetry's no-op span.
+        with TRACER.start_as_current_span(
+            f"provider {provider}", kind=trace.SpanKind.CLIENT
+        ) as span:
+            started = time.monotonic()
+            outcome = "ok"
+            try:
+                adapter = adapters.get(request.options)
+                return await adapter.complete(request, output)
+            except AdapterError as err:
+                outcome = err.kind.value
+                raise
+            except asyncio.CancelledError:
+                outcome = JobState.CANCELLED.value
+                raise
+            except InvalidOptions as err:
+                # The label must not carry whatever provider name a client sent.
+                provider, outcome = "invalid", ErrorKind.PROVIDER_4XX.value
+                raise AdapterError(ErrorKind.PROVIDER_4XX, str(err)) from err
+            except Exception as err:
+                # Anything an adapter did not classify is `unknown`, which is retried.
+                outcome = ErrorKind.UNKNOWN.value
+                raise AdapterError(ErrorKind.UNKNOWN, f"{type(err).__name__}: {err}") from err
+            finally:
+                metrics.ADAPTER_LATENCY.labels(provider=provider, outcome=outcome).observe(
+                    time.monotonic() - started
+                )
+                span.set_attributes(
+                    {
+                        "promptjobs.provider": provider,
+                        "promptjobs.job_id": request.job_id,
+                        "promptjobs.attempt": request.attempt,
+                        "promptjobs.outcome": outcome,
+                    }
+                )
+
+    async def _failed(
+        self, err: AdapterError, tail: OutputBatch | None, usage: AttemptUsage
+    ) -> ApplicationError:
+        """Ask the lifecycle what this failure leads to; record a re-queue, or leave the end to
+        the workflow (which settles the job, showing this attempt's number)."""
+        call, tools = self.call, self.tools
+        activity.logger.warning("job %s attempt %d: %s", call.job_id, self.number, err.message)
+        trace.get_current_span().set_attribute("promptjobs.error_kind", err.kind.value)
+        step = next_step(
+            FailedAttempt(err.kind, err.message, self.number, call.max_attempts, err.retry_after_s),
+            policy=tools.backoff,
+            now_s=time.time(),
+            deadline_s=call.deadline_epoch_s,
+            unit_random=random.random(),
+        )
+        if isinstance(step, End):
+            await self.running.done(send_now=True)
+            await tools.end_attempt(tail, usage)
+            return adapter_failure(step.message, step.kind, non_retryable=True)
+        # The re-queue report follows the running one if that is on its way, never precedes
+        # it; one not yet sent is dropped.
+        await self.running.done()
+        next_at = datetime.now(UTC) + timedelta(seconds=step.delay_s)
+        requeue = Transition(
+            call.job_id,
+            JobState.QUEUED,
+            self.number,
+            error_kind=err.kind,
+            error_message=err.message,
+            next_attempt_at=next_at,
+        )
+        await through_outages(
+            "re-queue", lambda: tools.projector.apply(requeue, tail=tail, usage=usage)
+        )
+        tools.count(usage)
+        await report_to_workflow(AttemptReport(JobState.QUEUED, self.number, err.kind))
+        return adapter_failure(err.message, err.kind, delay=timedelta(seconds=step.delay_s))
+
+
+# -- what an attempt tells Temporal and its workflow ---------------------------------------
+
+
+@asynccontextmanager
+async def heartbeating(interval_s: float) -> AsyncIterator[None]:
+    """Heartbeat while the body runs: a dead worker stops heartbeating, and Temporal then
+    retries the attempt elsewhere. Heartbeats also carry cancellation into the activity.
+
+    The first beat comes after one interval, not at once: Temporal counts the heartbeat
+    timeout from the attempt's start until the first beat, so waiting a quarter of it is as
+    safe, and a quick call (most of them) costs the server no heartbeat write at all."""
+
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            activity.heartbeat()
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+class DelayedReport:
+    """Sends `report` to the workflow after `after_s`, unless the attempt is done by then.
+
+    `done()` settles it before a later report goes out: a report not yet begun is dropped (or
+    sent at once, with `send_now`), one already on its way is waited for, so the later report
+    is never overtaken.
+    """
+
+    def __init__(self, report: AttemptReport, after_s: float) -> None:
+        self.report = report
+        self.after_s = after_s
+        self._sending = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DelayedReport:
+        self._task = asyncio.create_task(self._send_later())
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.done()
+
+    async def _send_later(self) -> None:
+        await asyncio.sleep(self.after_s)
+        self._sending = True
+        await report_to_workflow(self.report)
+
+    async def done(self, *, send_now: bool = False) -> None:
+        if self._task is None:
+            return
+        if not self._sending:
+            self._task.cancel()
+            if send_now:
+                self._sending = True
+                self._task = asyncio.create_task(report_to_workflow(self.report))
+        # wait(), not await: our own cancellation must still reach us, the task's must not.
+        await asyncio.wait([self._task])
+        if not self._task.cancelled() and (error := self._task.exception()) is not None:
+            activity.logger.warning("could not report attempt to its workflow: %r", error)
+
+
+async def report_to_workflow(report: AttemptReport) -> None:
+    """Tell the workflow what this attempt did, for its search attributes. The projection is
+    the source of truth; a report that cannot be sent costs the operator view, not the job."""
+    info = activity.info()
+    if info.workflow_id is None:
+        return
+    try:
+        handle = activity.client().get_workflow_handle(info.workflow_id)
+        await handle.signal(ATTEMPT_REPORTED, report)
+    except RPCError as err:
+        activity.logger.warning(
+            "could not report attempt to workflow %s: %s", info.workflow_id, err
+        )
+
+
+def job_closed(
+    state: JobState, error_kind: ErrorKind | None, error_message: str | None
+) -> ApplicationError:
+    """The attempt found its job already settled: nothing to run, nothing to retry. The
+    details are the row's word, which the workflow takes (JOB_CLOSED). Benign: a cancel or
+    the reconciler got there first, which is no fault."""
+    return ApplicationError(
+        f"job is already {state.value}",
+        state.value,
+        error_kind,
+        error_message,
+        type=JOB_CLOSED,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )
+
+
+def adapter_failure(
+    message: str, kind: ErrorKind, *, non_retryable: bool = False, delay: timedelta | None = None
+) -> ApplicationError:
+    """A provider failure as Temporal sees it: its type is the error kind. Benign, because a
+    provider failing is the normal business of this service (we log one line ourselves)."""
+    return ApplicationError(
+        message,
+        type=kind.value,
+        non_retryable=non_retryable,
+        next_retry_delay=delay,
+        category=ApplicationErrorCategory.BENIGN,
+    )
