@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 from temporalio.testing import WorkflowEnvironment
 
 from promptjobs.settings import Settings
-from tests.conftest import eventually
+from tests.conftest import eventually, free_port
 
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
 
@@ -115,3 +116,50 @@ def promptjobs_process(command: str, env: dict[str, str], workdir: Path) -> Iter
         yield process
     finally:
         process.kill()
+
+
+@dataclass
+class DevProcess:
+    """`promptjobs dev` as a user runs it, in `home`, on free ports; what it printed."""
+
+    home: Path
+    api_url: str
+    process: asyncio.subprocess.Process
+    printed: list[str]
+
+    @classmethod
+    async def start(cls, home: Path, *args: str, env: dict[str, str]) -> DevProcess:
+        """Started, and its banner out (up to the line saying what a second shell sources)."""
+        api_port = free_port()
+        process = await asyncio.create_subprocess_exec(
+            PROMPTJOBS, "dev", "--no-ui",
+            "--api-port", str(api_port), "--temporal-port", str(free_port()), *args,
+            cwd=home, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        dev = cls(home, f"http://127.0.0.1:{api_port}", process, [])
+        try:
+            assert process.stdout is not None
+            async with asyncio.timeout(60):
+                while not any("source " in line for line in dev.printed):
+                    line = (await process.stdout.readline()).decode()
+                    assert line, f"dev exited early: {''.join(dev.printed)}"
+                    dev.printed.append(line)
+        except BaseException:
+            await dev.stop()
+            raise
+        return dev
+
+    async def stop(self) -> str:
+        """Ctrl-C, as a user stops it (killed if it has not stopped within 30 s): everything
+        it printed."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                async with asyncio.timeout(30):
+                    rest, _ = await self.process.communicate()
+                    self.printed.append(rest.decode())
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        return "".join(self.printed)

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,8 @@ from sqlalchemy import select
 
 from projections.db import migrate
 from projections.models import ApiKey
-from tests.conftest import Stack, eventually, free_port
+from tests.conftest import Stack, eventually
+from tests.integration.processes import DevProcess
 
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
 
@@ -95,28 +95,15 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path, trac
     """Also with traces printed (`OTEL_TRACES_EXPORTER=console`, a documented value, which the
     embedded Temporal server must not see), where the key sent in a stream's URL, as the web
     page sends it, never shows in a span."""
-    api_port, temporal_port = free_port(), free_port()
-    process = await asyncio.create_subprocess_exec(
-        PROMPTJOBS,
-        *("dev", "--no-ui", "--api-port", str(api_port), "--temporal-port", str(temporal_port)),
-        *("--data-dir", str(tmp_path / "data")),
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_TRACES_EXPORTER": traces},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OTEL_TRACES_EXPORTER": traces}
+    dev = await DevProcess.start(tmp_path, "--data-dir", str(tmp_path / "data"), env=env)
+    printed = dev.printed
     try:
-        assert process.stdout is not None
-        printed: list[str] = []
-        async with asyncio.timeout(60):
-            while not any("source " in line for line in printed):
-                line = (await process.stdout.readline()).decode()
-                assert line, f"dev exited early: {''.join(printed)}"
-                printed.append(line)
         key = next(line for line in printed if "API key" in line).split()[-1]
         assert (tmp_path / "data" / "dev-api-key").read_text().strip() == key
 
         async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{api_port}",
+            base_url=dev.api_url,
             headers={"Authorization": f"Bearer {key}"},
             timeout=10,
         ) as curl:
@@ -134,7 +121,8 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path, trac
                 assert stream.status_code == 200
         # A second shell, from anywhere, after `source <data dir>/env` as the banner says.
         env_file = tmp_path / "data" / "env"
-        assert any(f"source {env_file}" in line for line in printed), printed
+        # Said as a path from where dev was started.
+        assert any(f"source {env_file.relative_to(tmp_path)}" in line for line in printed)
         second_shell = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")}
         listed = await asyncio.to_thread(
             subprocess.run,
@@ -145,17 +133,8 @@ async def test_dev_prints_a_key_that_the_first_curl_can_use(tmp_path: Path, trac
         assert [row["job_id"] for row in json.loads(listed.stdout)["jobs"]] == [done["job_id"]]
         assert done["response_id"]
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                async with asyncio.timeout(30):
-                    await process.wait()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-    assert process.returncode == 0
-    assert process.stdout is not None
-    output = "".join(printed) + (await process.stdout.read()).decode()
+        output = await dev.stop()
+    assert dev.process.returncode == 0
     # The banner shows it (its line, the web page's link, a curl); nothing else does.
     banner = ("API key", "Web page", "Bearer")
     shown = [line for line in output.splitlines() if key in line]

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.integration.processes import DevProcess
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
@@ -39,56 +38,23 @@ def shell_examples() -> str:
 
 @dataclass
 class Dev:
-    home: Path
-    process: asyncio.subprocess.Process
-    printed: list[str]
-    worker_pids: set[int] = field(default_factory=set)
+    """The newcomer's `promptjobs dev`, and the worker processes it was seen to run."""
 
-    async def stop(self) -> str:
-        """Ctrl-C, as a user stops it: everything it printed."""
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                async with asyncio.timeout(30):
-                    rest, _ = await self.process.communicate()
-                    self.printed.append(rest.decode())
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-        return "".join(self.printed)
+    home: Path
+    running: DevProcess
+    worker_pids: set[int] = field(default_factory=set)
 
 
 @pytest.fixture(scope="module")
 async def dev(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dev]:
     """`promptjobs dev` in a fresh folder, once its banner is out."""
     home = tmp_path_factory.mktemp("newcomer")
-    args = ["--no-ui", "--api-port", str(free_port()), "--temporal-port", str(free_port())]
-    process = await asyncio.create_subprocess_exec(
-        PROMPTJOBS, "dev", *args,
-        cwd=home,
-        env={k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    assert process.stdout is not None
-    printed: list[str] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMPTJOBS_")}
+    running = await DevProcess.start(home, env=env)
     try:
-        async with asyncio.timeout(60):
-            while not any("source " in line for line in printed):
-                line = (await process.stdout.readline()).decode()
-                assert line, f"dev exited early: {''.join(printed)}"
-                printed.append(line)
-        running = Dev(home, process, printed)
-        yield running
+        yield Dev(home, running)
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                async with asyncio.timeout(30):
-                    await process.communicate()
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await running.stop()
 
 
 def run_in(home: Path, command: list[str], script: str) -> subprocess.CompletedProcess[str]:
@@ -125,7 +91,7 @@ async def test_dev_runs_its_worker_in_a_process_of_its_own(dev: Dev) -> None:
     assert ran.returncode == 0, ran.stderr
     workers = json.loads(ran.stdout)["registered_workers"]
     pids = {worker["config"]["pid"] for worker in workers if worker["status"] == "alive"}
-    assert pids and dev.process.pid not in pids, workers
+    assert pids and dev.running.process.pid not in pids, workers
     dev.worker_pids = pids
 
 
@@ -133,8 +99,8 @@ async def test_the_dev_console_stays_quiet_through_the_walk_through(dev: Dev) ->
     """Last (it stops dev): the walk-through cancelled a running job, which is expected, so
     nothing on the console looks like an error (Temporal core's "Activity not found on
     completion" warning is lowered to debug)."""
-    printed = await dev.stop()
-    assert dev.process.returncode == 0
+    printed = await dev.running.stop()
+    assert dev.running.process.returncode == 0
     for pid in dev.worker_pids:  # its worker stopped with it
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
