@@ -2,10 +2,10 @@
 
 The submit commit is the acceptance; starting the workflow happens after it, in the same
 process at once, and again from a periodic scan for as long as Temporal is unreachable. The
-workflow id is the job id, so a second start of the same job is harmless. The reconciler
-repairs rows whose workflow is gone or closed without settling them, and ends jobs that
-passed their hard ceiling with no worker to end them. Scans page through every row; one job
-that cannot be handled is logged and skipped, never stops a pass.
+workflow id is the job id, so a second start of the same job is harmless. Its loop also
+runs the reconciler (services/reconcile.py) and the waking of waiting jobs
+(services/wake.py). Scans page through every row; one job that cannot be handled is logged
+and skipped, never stops a pass.
 """
 
 from __future__ import annotations
@@ -18,21 +18,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client
 from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.contracts import PARENTS_CHANGED, SLOT_FREED
-from projections.admission import slot_waiters
-from projections.chain_store import ready_to_wake
 from projections.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
 from projections.store import JobStore
-from workflows.contracts import PromptJobInput, PromptJobResult
+from services.gone import unless_gone
+from services.reconcile import Reconciler
+from services.wake import Waker
+from workflows.contracts import PromptJobInput
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
-from workflows.results import job_result
 
 log = logging.getLogger("promptjobs.dispatch")
 
@@ -42,9 +41,6 @@ T = TypeVar("T")
 # Temporal's matcher tells apart only `matching.priorityLevels` keys (default 5); the dev
 # server and docker-compose's dynamic config raise it to this, one level per priority.
 PRIORITY_LEVELS = 101
-
-# Signals in flight at once when the dispatcher wakes jobs waiting for their org's slots.
-WAKE_CONCURRENCY = 50
 
 
 # Temporal refuses a start whose fairness key is longer than this (in UTF-8 bytes).
@@ -131,12 +127,12 @@ class Dispatcher:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.interval_s = interval_s
         self.reconcile_interval_s = reconcile_interval_s
-        self.reconcile_grace_s = reconcile_grace_s
         self.page_size = page_size
-        self.org_max_running = org_max_running
         self._background: set[asyncio.Task[None]] = set()
-        self.temporal_reachable: bool | None = None
         self.failures = ThrottledLog(log)
+        # Its other jobs, each in a module of its own; its loop runs them.
+        self.reconciler = Reconciler(self, grace_s=reconcile_grace_s)
+        self.waker = Waker(store, client, org_max_running)
 
     # -- the request path hands work over without waiting --------------------------------
 
@@ -185,7 +181,6 @@ class Dispatcher:
         self.failures.warning(
             "unreachable", "Temporal unreachable, will retry: %s", first_line(err)
         )
-        self.temporal_reachable = False
 
     # -- the Temporal side -------------------------------------------------------------
 
@@ -229,10 +224,8 @@ class Dispatcher:
         except RPCError as err:
             if err.status is not RPCStatusCode.INVALID_ARGUMENT:
                 raise
-            self.temporal_reachable = True
             await self._end_refused(job, err)
             return
-        self.temporal_reachable = True
         if await self.store.mark_dispatched(job.job_id):
             # The API cancelled the row while this start was on its way: the workflow exists
             # now, and must be cancelled too (its attempt finds the job closed meanwhile).
@@ -252,12 +245,7 @@ class Dispatcher:
             log.error("job %s: %s", job.job_id, message)
 
     async def deliver_cancel(self, job_id: str) -> None:
-        try:
-            await self.client.get_workflow_handle(job_id).cancel()
-        except RPCError as err:
-            if err.status is not RPCStatusCode.NOT_FOUND:
-                raise
-        self.temporal_reachable = True
+        await unless_gone(self.client.get_workflow_handle(job_id).cancel())
         await self.store.cancel_delivered(job_id)
 
     # -- the periodic safety nets ------------------------------------------------------
@@ -269,10 +257,10 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             await self._pass("scan", self.scan_once)
-            await self._pass("wake", self.wake_slot_waiters)
+            await self._pass("wake", self.waker.wake_slot_waiters)
             if last_reconcile is None or loop.time() - last_reconcile >= self.reconcile_interval_s:
                 last_reconcile = loop.time()
-                await self._pass("reconcile", self.reconcile_once)
+                await self._pass("reconcile", self.reconciler.reconcile_once)
             await _wait_any(stop, self.interval_s)
 
     async def _pass(self, name: str, scan: Callable[[], Awaitable[int]]) -> None:
@@ -284,9 +272,7 @@ class Dispatcher:
             else:
                 self.failures.warning(name, "%s pass failed, will retry: %r", name, err)
 
-    async def _each(
-        self, fetch: Callable[[Job | None], Awaitable[list[Job]]]
-    ) -> AsyncIterator[Job]:
+    async def each(self, fetch: Callable[[Job | None], Awaitable[list[Job]]]) -> AsyncIterator[Job]:
         """Every row `fetch` pages through, page after page (keyset: no row is skipped)."""
         after: Job | None = None
         while True:
@@ -297,7 +283,7 @@ class Dispatcher:
                 return
             after = page[-1]
 
-    async def _isolated(self, action: str, job: Job, work: Awaitable[T]) -> T | None:
+    async def isolated(self, action: str, job: Job, work: Awaitable[T]) -> T | None:
         """Run `work` for one job. Temporal being unreachable ends the pass (every other job
         would wait for the same timeout); anything else is this job's, logged and skipped."""
         try:
@@ -310,168 +296,18 @@ class Dispatcher:
 
     async def scan_once(self) -> int:
         started = 0
-        undispatched = self._each(lambda after: self.store.undispatched(self.page_size, after))
+        undispatched = self.each(lambda after: self.store.undispatched(self.page_size, after))
         async for job in undispatched:
-            if await self._isolated("start", job, self._started(job)):
+            if await self.isolated("start", job, self._started(job)):
                 started += 1
-        cancels = self._each(lambda after: self.store.pending_cancels(self.page_size, after))
+        cancels = self.each(lambda after: self.store.pending_cancels(self.page_size, after))
         async for job in cancels:
-            await self._isolated("cancel", job, self.deliver_cancel(job.job_id))
+            await self.isolated("cancel", job, self.deliver_cancel(job.job_id))
         return started
 
     async def _started(self, job: Job) -> bool:
         await self.start(job)
         return True
-
-    async def reconcile_once(self) -> int:
-        """Repair jobs whose row says queued/running but whose workflow says otherwise."""
-        before = datetime.now(UTC) - timedelta(seconds=self.reconcile_grace_s)
-        repaired = 0
-        unsettled = self._each(
-            lambda after: self.store.unsettled_before(before, self.page_size, after)
-        )
-        async for job in unsettled:
-            if await self._isolated("reconcile", job, self.reconcile(job, self._describe)):
-                repaired += 1
-        await self.wake_ready_children()
-        return repaired
-
-    async def wake_ready_children(self) -> int:
-        """Signal the waiting chain children whose parents have all succeeded: the parent's
-        attempt wakes them as it settles, but a worker killed right after its commit does not."""
-        woken = 0
-        for job_id in await ready_to_wake(self.store.sessions):
-            try:
-                await self.client.get_workflow_handle(job_id).signal(PARENTS_CHANGED)
-                woken += 1
-            except RPCError as err:
-                if err.status is not RPCStatusCode.NOT_FOUND:
-                    raise
-        return woken
-
-    async def wake_slot_waiters(self) -> int:
-        """Signal the jobs waiting for a running slot of their org, as many per org as it has
-        free (projections/admission.py). The slot is taken by the job's next attempt, in its
-        own transaction; a woken job that finds it gone meanwhile just waits again."""
-        waiters = await slot_waiters(self.store.sessions, self.org_max_running)
-
-        async def wake(job_id: str) -> int:
-            try:
-                await self.client.get_workflow_handle(job_id).signal(SLOT_FREED)
-            except RPCError as err:
-                if err.status is not RPCStatusCode.NOT_FOUND:
-                    raise
-                return 0
-            return 1
-
-        woken = 0
-        for first in range(0, len(waiters), WAKE_CONCURRENCY):
-            batch = waiters[first : first + WAKE_CONCURRENCY]
-            woken += sum(await asyncio.gather(*(wake(job_id) for job_id in batch)))
-        return woken
-
-    async def _describe(self, job_id: str) -> WorkflowExecutionStatus | None:
-        try:
-            return (await self.client.get_workflow_handle(job_id).describe()).status
-        except RPCError as err:
-            if err.status is RPCStatusCode.NOT_FOUND:
-                return None
-            raise
-
-    async def reconcile(
-        self,
-        job: Job,
-        describe: Callable[[str], Awaitable[WorkflowExecutionStatus | None]],
-    ) -> bool:
-        if self._past_ceiling(job):
-            return await self._end_stuck(job)
-        status = await describe(job.job_id)
-        if status is None:
-            # The workflow is gone (lost dev server, retention): start it again. The row stays
-            # marked dispatched, so if this start fails the next pass tries again.
-            log.warning("job %s has no workflow; restarting it", job.job_id)
-            await self.start(job)
-            return True
-        if status is WorkflowExecutionStatus.RUNNING:
-            return False
-        # A workflow settles its row before it closes; a row still unsettled was either read
-        # just before that commit (the projector then ignores what follows: terminal rows are
-        # absorbing) or its workflow closed without its last projection landing.
-        transition = await self._settlement(job, status)
-        applied = (await self.store.projector.apply(transition)).applied
-        if applied:
-            log.warning("job %s: workflow is %s; settled the row", job.job_id, status.name)
-        return applied
-
-    async def _settlement(self, job: Job, status: WorkflowExecutionStatus) -> Transition:
-        """The row's settlement from its closed workflow: what a workflow of ours reported
-        (a result, or a Failed workflow with the job's error), else what befell it."""
-        if status in (WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED):
-            reported = await self._reported(job.job_id)
-            if reported is not None and reported.state == JobState.CANCELLED:
-                return Transition(job.job_id, JobState.CANCELLED)
-            if reported is not None and reported.state == JobState.FAILED:
-                return Transition(
-                    job.job_id,
-                    JobState.FAILED,
-                    error_kind=reported.error_kind or ErrorKind.UNKNOWN,
-                    error_message=reported.error_message
-                    or f"the workflow ended the job failed ({reported.error_kind})",
-                )
-            if reported is not None:
-                return self._lost(job, f"workflow completed (job {reported.state})")
-        if status is WorkflowExecutionStatus.CANCELED or job.state is JobState.QUEUED:
-            return Transition(job.job_id, JobState.CANCELLED)
-        return self._lost(job, f"workflow closed as {status.name.lower()}")
-
-    @staticmethod
-    def _lost(job: Job, what: str) -> Transition:
-        return Transition(
-            job.job_id,
-            JobState.FAILED,
-            error_kind=ErrorKind.UNKNOWN,
-            error_message=f"{what} without settling the job",
-        )
-
-    async def _reported(self, job_id: str) -> PromptJobResult | None:
-        """What the closed workflow says of its job; None if it failed for a reason not ours."""
-        try:
-            return await job_result(self.client.get_workflow_handle(job_id))
-        except WorkflowFailureError:
-            return None
-
-    def _past_ceiling(self, job: Job) -> bool:
-        """The job could have run for longer than its hard ceiling (plus the grace) and has
-        not settled: no worker is there to end it (none at all, or none keeping up)."""
-        # From when Temporal had it (a start delayed by an outage does not age the job) or
-        # its scheduled time, whichever is later.
-        start = max(job.dispatched_at or job.created_at, job.scheduled_for or job.created_at)
-        limit = timedelta(seconds=self.ceiling_s + self.reconcile_grace_s)
-        return datetime.now(UTC) > start + limit
-
-    async def _end_stuck(self, job: Job) -> bool:
-        """Settle the row `stuck`, then terminate its workflow, which no worker runs: left
-        open, it would show Running in the Web UI while the job has ended."""
-        message = (
-            f"the job passed its hard ceiling ({self.ceiling_s:g} s) while {job.state.value} "
-            "with no worker to end it"
-        )
-        settled = await self.store.projector.apply(
-            Transition(
-                job.job_id, JobState.FAILED, error_kind=ErrorKind.STUCK, error_message=message
-            )
-        )
-        if settled.state is not JobState.FAILED:
-            return settled.applied
-        try:
-            await self.client.get_workflow_handle(job.job_id).terminate(
-                f"{ErrorKind.STUCK.value}: {settled.error_message}"
-            )
-        except RPCError as err:
-            if err.status is not RPCStatusCode.NOT_FOUND:
-                raise
-        log.warning("job %s: %s", job.job_id, message)
-        return settled.applied
 
 
 async def _wait_any(stop: asyncio.Event, seconds: float) -> None:

@@ -26,9 +26,9 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
-from temporalio.service import RPCError, RPCStatusCode
 
 from activities.contracts import ArchiveExpired
+from services.gone import GONE, unless_gone
 from workflows.retention import RetentionWorkflow
 
 log = logging.getLogger("promptjobs.retention")
@@ -73,12 +73,8 @@ async def ensure_retention_schedule(client: Client, policy: RetentionPolicy) -> 
     """Create, update or (retention off) delete this task queue's schedule."""
     handle = client.get_schedule_handle(schedule_id(policy.task_queue))
     if policy.days <= 0:
-        try:
-            await handle.delete()
+        if await unless_gone(handle.delete()) is not GONE:
             log.warning("retention off: deleted schedule %s", handle.id)
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                raise
         return
     schedule = retention_schedule(policy)
     try:

@@ -151,7 +151,7 @@ async def _lost_while_running(stack: Stack, attempt: int) -> Job:
 async def test_a_restarted_workflow_continues_the_attempt_count(quiet_stack: Stack) -> None:
     stack = quiet_stack
     job = await _lost_while_running(stack, attempt=2)
-    assert await dispatcher_of(stack).reconcile_once() == 1
+    assert await dispatcher_of(stack).reconciler.reconcile_once() == 1
     async with new_worker(stack.settings, stack.client, stack.projection):
         settled = await stack.settled(job.job_id)
     assert (settled["state"], settled["attempt"]) == ("succeeded", 3)
@@ -171,8 +171,8 @@ async def test_a_restart_that_fails_is_tried_again_on_the_next_pass(quiet_stack:
         return None
 
     with pytest.raises(RuntimeError):  # Temporal went away between describe and start
-        await dispatcher_of(stack, unreachable).reconcile(job, gone)
-    assert await dispatcher_of(stack).reconcile_once() == 1
+        await dispatcher_of(stack, unreachable).reconciler.reconcile(job, gone)
+    assert await dispatcher_of(stack).reconciler.reconcile_once() == 1
     async with new_worker(stack.settings, stack.client, stack.projection):
         settled = await stack.settled(job.job_id)
     assert (settled["state"], settled["attempt"]) == ("succeeded", 2)
@@ -192,7 +192,7 @@ async def test_a_lost_job_behind_a_full_page_of_scheduled_jobs_is_restarted(
         await asyncio.gather(*(dispatcher.start(job) for job in scheduled[chunk : chunk + 20]))
     lost = await _lost_while_running(stack, attempt=1)
 
-    assert await dispatcher.reconcile_once() == 1
+    assert await dispatcher.reconciler.reconcile_once() == 1
     assert await status(stack, lost.job_id) is WorkflowExecutionStatus.RUNNING
 
 

@@ -18,7 +18,7 @@ async def test_job_whose_workflow_was_terminated_is_settled(stack: Stack) -> Non
     dispatcher = build_dispatcher(
         stack.settings.model_copy(update={"reconciler_grace_s": 0}), stack.client, stack.projection
     )
-    assert await dispatcher.reconcile_once() == 1
+    assert await dispatcher.reconciler.reconcile_once() == 1
     job = await stack.job(accepted["job_id"])
     assert (job["state"], job["error_kind"]) == ("failed", "unknown")
     assert "terminated" in job["error_message"]
@@ -33,6 +33,6 @@ async def test_job_whose_workflow_is_gone_is_started_again(stack: Stack) -> None
     dispatcher = build_dispatcher(
         stack.settings.model_copy(update={"reconciler_grace_s": 0}), stack.client, stack.projection
     )
-    assert await dispatcher.reconcile_once() >= 1
+    assert await dispatcher.reconciler.reconcile_once() >= 1
     job = await stack.settled(accepted.job.job_id)
     assert job["state"] == "succeeded"

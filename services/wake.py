@@ -1,0 +1,50 @@
+"""Waking jobs that wait in their workflows: a chain's children once their parents have
+succeeded, and jobs waiting for a running slot of their org once it has one free."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.client import Client
+
+from activities.contracts import PARENTS_CHANGED, SLOT_FREED
+from projections.admission import slot_waiters
+from projections.chain_store import ready_to_wake
+from projections.store import JobStore
+from services.gone import GONE, unless_gone
+
+# Signals in flight at once when the dispatcher wakes jobs waiting for their org's slots.
+WAKE_CONCURRENCY = 50
+
+
+class Waker:
+    def __init__(self, store: JobStore, client: Client, org_max_running: int = 0) -> None:
+        self.store = store
+        self.client = client
+        self.org_max_running = org_max_running
+
+    async def wake_ready_children(self) -> int:
+        """Signal the waiting chain children whose parents have all succeeded: the parent's
+        attempt wakes them as it settles, but a worker killed right after its commit does not."""
+        woken = 0
+        for job_id in await ready_to_wake(self.store.sessions):
+            if await self._signal(job_id, PARENTS_CHANGED):
+                woken += 1
+        return woken
+
+    async def wake_slot_waiters(self) -> int:
+        """Signal the jobs waiting for a running slot of their org, as many per org as it has
+        free (projections/admission.py). The slot is taken by the job's next attempt, in its
+        own transaction; a woken job that finds it gone meanwhile just waits again."""
+        waiters = await slot_waiters(self.store.sessions, self.org_max_running)
+        woken = 0
+        for first in range(0, len(waiters), WAKE_CONCURRENCY):
+            batch = waiters[first : first + WAKE_CONCURRENCY]
+            sent = await asyncio.gather(*(self._signal(job_id, SLOT_FREED) for job_id in batch))
+            woken += sum(sent)
+        return woken
+
+    async def _signal(self, job_id: str, signal: str) -> bool:
+        """Whether the job's workflow took the signal (False: it is gone)."""
+        handle = self.client.get_workflow_handle(job_id)
+        return await unless_gone(handle.signal(signal)) is not GONE
