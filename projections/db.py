@@ -45,7 +45,6 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
-from projections import metrics
 from projections.notifications import EVENTS_CHANNEL
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -330,7 +329,8 @@ class WriteTx:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.postgresql = conn.dialect.name == "postgresql"
-        self.committed_transitions: list[tuple[str, str]] = []
+        # Run once the transaction has committed (a rolled-back one never runs them).
+        self.after_commit: list[Callable[[], None]] = []
         self._next_event_id: int | None = None
         self.last_event_id: int | None = None
 
@@ -429,7 +429,8 @@ class SyncWriter:
                         text("SELECT pg_notify(:channel, :payload)"),
                         {"channel": EVENTS_CHANNEL, "payload": str(tx.last_event_id)},
                     )
-        metrics.count_transitions(tx.committed_transitions)
+        for hook in tx.after_commit:
+            hook()
         return results
 
     def dispose(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import insert
 
+from projections import metrics
 from projections.db import Prepared, WriteTx
 from projections.lifecycle import EventType, JobState
 from projections.metrics import transition_labels
@@ -102,5 +103,7 @@ def append_event(
     the row's last_event_id."""
     log_event(tx, kind, job, job_row(job), now, event_id)
     if kind is EventType.STATE_CHANGED:
-        tx.committed_transitions.append(transition_labels(job.state, job.error_kind))
+        state, error_kind = transition_labels(job.state, job.error_kind)
+        counter = metrics.TRANSITIONS.labels(state=state, error_kind=error_kind)
+        tx.after_commit.append(counter.inc)
     return event_id

@@ -2,9 +2,9 @@
 
 Counters live in process memory: the API process counts submissions and the transitions it
 commits (cancels, retries); the worker process counts the transitions its activities commit
-and the adapter calls it makes. `promptjobs dev` runs both in one process, so its `/metrics`
-shows everything; a separate worker serves them on PROMPTJOBS_WORKER_METRICS_PORT
-(docs/operators.md).
+and the adapter calls it makes. An API's `/metrics` shows the API's; a worker (`promptjobs
+dev`'s too: it runs its worker in a process of its own) serves its own on
+PROMPTJOBS_WORKER_METRICS_PORT (docs/operators.md).
 """
 
 from __future__ import annotations
@@ -12,14 +12,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from projections.lifecycle import JobState
 
-if TYPE_CHECKING:
-    from projections.streams import AttemptUsage
+
+class UsageRecord(Protocol):
+    """What `count_usage` reads of an attempt's usage record (projections/streams.py's)."""
+
+    @property
+    def provider(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def input_tokens(self) -> int | None: ...
+    @property
+    def output_tokens(self) -> int | None: ...
+    @property
+    def cost_usd(self) -> float | None: ...
+
 
 SUBMISSIONS = Counter(
     "promptjobs_submissions",
@@ -73,12 +86,6 @@ def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str
     return state.value, kind or ""
 
 
-def count_transitions(committed: list[tuple[str, str]]) -> None:
-    """Count transitions once their transaction has committed (a rolled-back one never is)."""
-    for state, kind in committed:
-        TRANSITIONS.labels(state=state, error_kind=kind).inc()
-
-
 # A job's options name its model, so any tenant could mint label values: past this many
 # distinct models a process counts the rest under "other" (a scrape stays bounded).
 MAX_MODEL_LABELS = 200
@@ -94,7 +101,7 @@ def model_label(model: str) -> str:
     return "other"
 
 
-def count_usage(usage: AttemptUsage, org: str) -> None:
+def count_usage(usage: UsageRecord, org: str) -> None:
     """Count one recorded attempt's tokens and cost."""
     labels = {"provider": usage.provider, "model": model_label(usage.model), "org": org}
     TOKENS.labels(direction="input", **labels).inc(usage.input_tokens or 0)

@@ -71,6 +71,8 @@ def _print_stack(stack: DevStack) -> None:
                 f"  API          {stack.api_url}",
                 f"  Web page     {stack.api_url}/?key={stack.api_key}",
                 f"  API docs     {stack.api_url}/docs",
+                f"  Metrics      {stack.api_url}/metrics (API)",
+                f"               {stack.worker_metrics_url} (worker)",
                 f"  Temporal UI  {stack.ui_url or '(disabled)'}",
                 f"  Temporal     {stack.temporal_address}",
                 f"  Database     {stack.database_url}",

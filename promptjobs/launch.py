@@ -23,7 +23,7 @@ from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
 from projections.keys import IssuedKey, create_key
-from promptjobs.observability import WorkerMetrics, keep_registered
+from promptjobs.observability import WorkerMetrics, free_local_port, keep_registered
 from promptjobs.runtime import (
     Projection,
     api_server,
@@ -152,6 +152,7 @@ class DevStack:
     api_key: str
     database_url: str
     env_file: Path
+    worker_metrics_url: str
 
 
 def write_env_file(settings: Settings, api_key: str) -> Path:
@@ -191,6 +192,10 @@ async def run_dev(
     env = await start_dev_temporal(
         settings, ui=ui, interceptors=tracing.interceptors() if tracing else ()
     )
+    # The worker's own metrics (its transitions, adapter calls, tokens), on a port of its own.
+    worker_settings = settings
+    if settings.worker_metrics_port is None:
+        worker_settings = settings.model_copy(update={"worker_metrics_port": free_local_port()})
     try:
         async with open_projection(settings, listen=True) as projection:
             key = await dev_api_key(projection, settings.data_dir)
@@ -203,10 +208,14 @@ async def run_dev(
                 api_key=key,
                 database_url=make_url(settings.projection_url).render_as_string(hide_password=True),
                 env_file=write_env_file(settings, key),
+                worker_metrics_url=(
+                    f"http://{worker_settings.worker_metrics_host}:"
+                    f"{worker_settings.worker_metrics_port}/metrics"
+                ),
             )
             # The worker in a process of its own, as in production: its adapters' streaming
             # and projection writes do not share the API's event loop and interpreter.
-            async with worker_process(settings, stop) as worker:
+            async with worker_process(worker_settings, stop) as worker:
                 await serve(
                     settings,
                     env.client,

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.processes import DevProcess
@@ -93,6 +94,11 @@ async def test_dev_runs_its_worker_in_a_process_of_its_own(dev: Dev) -> None:
     pids = {worker["config"]["pid"] for worker in workers if worker["status"] == "alive"}
     assert pids and dev.running.process.pid not in pids, workers
     dev.worker_pids = pids
+    # Its counters are its own, on the port the banner names.
+    [url] = [line.split()[0] for line in dev.running.printed if line.rstrip().endswith("(worker)")]
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(url)).text
+    assert 'promptjobs_job_transitions_total{error_kind="",state="succeeded"}' in scraped
 
 
 async def test_the_dev_console_stays_quiet_through_the_walk_through(dev: Dev) -> None:
