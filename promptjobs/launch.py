@@ -263,11 +263,16 @@ async def worker_process(
                 await exited
 
 
+# prctl(2), looked up here: the child calls it between fork and exec, where loading a
+# library could wait for a lock another thread of ours held at the fork.
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG)."""
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+    """In the child, before it runs: SIGTERM when the parent dies (Linux)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 async def serve(
