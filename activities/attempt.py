@@ -42,7 +42,7 @@ from activities.outages import through_outages
 from activities.output import AttemptStream, OutputStreams
 from activities.prices import PriceTable
 from projections import metrics
-from projections.chain_store import parent_answers
+from projections.chain_store import ChainStore
 from projections.chains import substitute
 from projections.lifecycle import (
     AttemptResult,
@@ -73,6 +73,7 @@ class AttemptTools:
     """What every attempt of this worker uses, given once (tests hand in their own)."""
 
     sessions: async_sessionmaker[AsyncSession]
+    chains: ChainStore
     projector: Projector
     adapters: AdapterRegistry
     backoff: BackoffPolicy
@@ -257,7 +258,7 @@ class Attempt:
         text = self.prompt.text
         if self.prompt.after:
             # A chain's child runs with its parents' answers in place of the placeholders.
-            answers = await parent_answers(self.tools.sessions, self.prompt.after)
+            answers = await self.tools.chains.parent_answers(self.prompt.after)
             text = substitute(text, self.prompt.after, answers)
         return AdapterRequest(
             job_id=self.job.job_id,

@@ -30,7 +30,7 @@ from activities.contracts import (
 from activities.outages import through_outages
 from activities.output import OutputStreams
 from activities.prices import PriceTable
-from projections.chain_store import check_parents, waiting_children
+from projections.chain_store import ChainStore
 from projections.ids import response_id_for
 from projections.lifecycle import BackoffPolicy, JobState
 from projections.projector import Projector, Transition
@@ -60,6 +60,7 @@ class JobActivities:
         self.worker = worker or worker_identity()
         self.tools = AttemptTools(
             sessions=sessions,
+            chains=ChainStore(sessions),
             projector=projector,
             adapters=adapters,
             backoff=backoff,
@@ -133,7 +134,7 @@ class JobActivities:
     async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
         job, _prompt = await self.tools.load(job_id)
         # The attempt that committed may have died before it woke the chain's children.
-        await wake_children(self.sessions, job.prompt_id)
+        await wake_children(self.tools.chains, job.prompt_id)
         settled = SettleResult(False, job.state, job.response_id)
         return AdapterOutcome(text="", provider="", model="", attempt=attempt, settled=settled)
 
@@ -167,7 +168,7 @@ class JobActivities:
     @activity.defn(name="check_parents")
     async def check_parents(self, check: CheckParents) -> ParentsCheck:
         """A chain's child: which parents have not succeeded yet (recorded on its row)."""
-        state = await check_parents(self.sessions, check.job_id)
+        state = await self.tools.chains.check_parents(check.job_id)
         return ParentsCheck(state.waiting_on, state.detail)
 
     @activity.defn(name="settle_job")
@@ -189,9 +190,9 @@ class JobActivities:
         )
 
 
-async def wake_children(sessions: async_sessionmaker[AsyncSession], prompt_id: str) -> None:
+async def wake_children(chains: ChainStore, prompt_id: str) -> None:
     """Tell the waiting jobs of a succeeded prompt's children to check their parents again."""
-    await wake(await waiting_children(sessions, prompt_id))
+    await wake(await chains.waiting_children(prompt_id))
 
 
 async def wake(job_ids: list[str]) -> None:

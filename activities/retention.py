@@ -8,7 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 
 from activities.contracts import ArchiveExpired, ArchiveReport
-from projections import operations
+from projections.operations import Operations
 
 
 class RetentionActivities:
@@ -21,8 +21,7 @@ class RetentionActivities:
         transaction so that job writes interleave; a retried run resumes where one ended,
         since each batch is committed on its own."""
         before = datetime.now(UTC) - timedelta(days=request.retention_days)
-        done = await operations.archive_in_batches(
-            self.sessions,
+        done = await Operations(self.sessions).archive_in_batches(
             before=before,
             batch=request.batch,
             progress=lambda so_far: activity.heartbeat(so_far.jobs),

@@ -72,7 +72,7 @@ async def _authenticate(
             headers=challenge,
         )
     scope = (
-        await services.keys.authenticate(services.store.sessions, token)
+        await services.keys.authenticate(services.store.keys, token)
         if _well_formed(token)
         else None
     )

@@ -21,7 +21,6 @@ import aiohttp
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from projections.keys import create_key
 from promptjobs.launch import DEV_SERVER_ARGS
 from promptjobs.runtime import Projection, open_projection, temporal_cli
 from promptjobs.settings import Settings
@@ -343,7 +342,7 @@ async def service(
     async with open_projection(settings) as projection:
         try:
             await svc.start_api()
-            key = (await create_key(projection.sessions, "acme", "alice", "member")).secret
+            key = (await projection.store.keys.create("acme", "alice", "member")).secret
             limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
             async with httpx.AsyncClient(
                 base_url=svc.base_url,

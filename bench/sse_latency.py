@@ -27,7 +27,6 @@ import httpx
 from httpx_sse import aconnect_sse
 from temporalio.client import Client
 
-from projections.keys import create_key
 from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.launch import serve
@@ -108,7 +107,7 @@ async def main(events: int, database_url: str | None) -> None:
                 )
             )
             await ready.wait()
-            issued = await create_key(api_side.sessions, "bench", "bench", "admin")
+            issued = await api_side.store.keys.create("bench", "bench", "admin")
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{settings.api_port}",
                 headers={"Authorization": f"Bearer {issued.secret}"},

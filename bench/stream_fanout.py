@@ -150,7 +150,6 @@ async def run_once(
     database_url: str, streams: int, commits: int, code: str | None
 ) -> dict[str, Any]:
     from bench.harness import free_port, percentile, scratch
-    from projections.keys import create_key
     from projections.scope import Scope
     from projections.writes import Submission
     from promptjobs.runtime import open_projection
@@ -176,7 +175,7 @@ async def run_once(
             env["PYTHONPATH"] = code
         async with open_projection(settings) as projection:
             keys = [
-                (await create_key(projection.sessions, f"org{i}", "admin", "admin")).secret
+                (await projection.store.keys.create(f"org{i}", "admin", "admin")).secret
                 for i in range(ORGS)
             ]
             scopes = [Scope(f"org{i}", "admin", "admin") for i in range(ORGS)]

@@ -156,35 +156,6 @@ def _waiting() -> list[ColumnElement[bool]]:
     ]
 
 
-async def slot_waiters(
-    sessions: async_sessionmaker[AsyncSession], default_limit: int, batch: int = 1000
-) -> list[str]:
-    """The waiting jobs to wake now: of each org with waiters, as many as it has free slots
-    (at most `batch`), most urgent first (priority, then the longest waiting). Chosen per
-    org, so one org's thousands of waiters, and no free slot, cannot crowd out another's."""
-    async with sessions() as session:
-        orgs = list(
-            (await session.execute(select(JOBS.c.org).where(*_waiting()).distinct())).scalars()
-        )
-        if not orgs:
-            return []
-        shares = await _shares(session, orgs, default_limit)
-        wake: list[str] = []
-        for org in orgs:
-            share = shares[org]
-            free = batch if share.limit == 0 else min(batch, share.limit - share.running)
-            if free <= 0:
-                continue
-            most_urgent = (
-                select(JOBS.c.job_id)
-                .where(JOBS.c.org == org, *_waiting())
-                .order_by(JOBS.c.priority, JOBS.c.awaiting_slot_since, JOBS.c.job_id)
-                .limit(free)
-            )
-            wake.extend((await session.execute(most_urgent)).scalars())
-    return wake
-
-
 async def _shares(
     session: AsyncSession, orgs: list[str], default_limit: int
 ) -> dict[str, OrgShare]:
@@ -218,27 +189,55 @@ async def _shares(
     }
 
 
-async def org_shares(
-    sessions: async_sessionmaker[AsyncSession], default_limit: int
-) -> list[OrgShare]:
-    """Every org the store knows, by name: with API keys, jobs (settled ones too) or a limit
-    of its own."""
-    async with sessions() as session:
-        known = union(
-            select(JOBS.c.org), select(LIMITS.c.org), select(KEYS.c.org)
-        )  # UNION: each org once, however many rows name it
-        orgs = set((await session.execute(known)).scalars())
-        shares = await _shares(session, sorted(orgs), default_limit)
-    return [shares[org] for org in sorted(orgs)]
+class OrgShares:
+    """Each org's share of the fleet as stored (`JobStore.orgs`): its limit, what runs, and
+    who waits."""
 
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
 
-async def set_org_limit(
-    sessions: async_sessionmaker[AsyncSession], org: str, max_running: int | None
-) -> None:
-    """Give `org` a running limit of its own (0: none), or with None the default again."""
-    async with sessions.begin() as session:
-        await session.execute(delete(LIMITS).where(LIMITS.c.org == org))
-        if max_running is not None:
-            now = datetime.now(UTC)
-            row = {"org": org, "max_running": max_running, "updated_at": now}
-            await session.execute(LIMITS.insert().values(row))
+    async def slot_waiters(self, default_limit: int, batch: int = 1000) -> list[str]:
+        """The waiting jobs to wake now: of each org with waiters, as many as it has free slots
+        (at most `batch`), most urgent first (priority, then the longest waiting). Chosen per
+        org, so one org's thousands of waiters, and no free slot, cannot crowd out another's."""
+        async with self.sessions() as session:
+            orgs = list(
+                (await session.execute(select(JOBS.c.org).where(*_waiting()).distinct())).scalars()
+            )
+            if not orgs:
+                return []
+            shares = await _shares(session, orgs, default_limit)
+            wake: list[str] = []
+            for org in orgs:
+                share = shares[org]
+                free = batch if share.limit == 0 else min(batch, share.limit - share.running)
+                if free <= 0:
+                    continue
+                most_urgent = (
+                    select(JOBS.c.job_id)
+                    .where(JOBS.c.org == org, *_waiting())
+                    .order_by(JOBS.c.priority, JOBS.c.awaiting_slot_since, JOBS.c.job_id)
+                    .limit(free)
+                )
+                wake.extend((await session.execute(most_urgent)).scalars())
+        return wake
+
+    async def shares(self, default_limit: int) -> list[OrgShare]:
+        """Every org the store knows, by name: with API keys, jobs (settled ones too) or a limit
+        of its own."""
+        async with self.sessions() as session:
+            known = union(
+                select(JOBS.c.org), select(LIMITS.c.org), select(KEYS.c.org)
+            )  # UNION: each org once, however many rows name it
+            orgs = set((await session.execute(known)).scalars())
+            shares = await _shares(session, sorted(orgs), default_limit)
+        return [shares[org] for org in sorted(orgs)]
+
+    async def set_limit(self, org: str, max_running: int | None) -> None:
+        """Give `org` a running limit of its own (0: none), or with None the default again."""
+        async with self.sessions.begin() as session:
+            await session.execute(delete(LIMITS).where(LIMITS.c.org == org))
+            if max_running is not None:
+                now = datetime.now(UTC)
+                row = {"org": org, "max_running": max_running, "updated_at": now}
+                await session.execute(LIMITS.insert().values(row))

@@ -56,30 +56,6 @@ async def _parents_state(session: AsyncSession, prompt_id: str) -> ParentsState:
     return ParentsState(waiting, ", ".join(words))
 
 
-async def parents_state(sessions: async_sessionmaker[AsyncSession], prompt_id: str) -> ParentsState:
-    """What a child of `prompt_id`'s parents still waits on, read now."""
-    async with sessions() as session:
-        return await _parents_state(session, prompt_id)
-
-
-async def check_parents(sessions: async_sessionmaker[AsyncSession], job_id: str) -> ParentsState:
-    """What `job_id` still waits on, recorded on its row while it is queued (no event: its
-    state has not changed; a read of the row shows it)."""
-    async with transaction(sessions) as session:
-        job = await session.get(Job, job_id)
-        if job is None:
-            raise LookupError(f"no job {job_id}")
-        state = await _parents_state(session, job.prompt_id)
-        now_waiting = state.waiting_on or None
-        if job.state is JobState.QUEUED and job.waiting_on != now_waiting:
-            await session.execute(
-                update(Job)
-                .where(Job.job_id == job_id, Job.state == JobState.QUEUED)
-                .values(waiting_on=now_waiting)
-            )
-        return state
-
-
 def waiting_children_query(parent_id: Any) -> Select[str]:
     """The started, still waiting jobs of `parent_id`'s children (to wake on its success);
     `parent_id` a value or a bind parameter."""
@@ -92,46 +68,71 @@ def waiting_children_query(parent_id: Any) -> Select[str]:
     )
 
 
-async def waiting_children(sessions: async_sessionmaker[AsyncSession], parent_id: str) -> list[str]:
-    async with sessions() as session:
-        return list((await session.execute(waiting_children_query(parent_id))).scalars())
+class ChainStore:
+    """A chain's rows (`JobStore.chains`): what a child waits on, whom to wake, and the
+    parents' answers."""
 
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
 
-async def ready_to_wake(sessions: async_sessionmaker[AsyncSession]) -> list[str]:
-    """Waiting jobs whose parents have all succeeded: a wake-up signal they should have had
-    (its sender died after the parent's commit) and did not act on."""
-    stmt = (
-        select(Job)
-        .where(
-            Job.state == JobState.QUEUED,
-            Job.waiting_on.is_not(None),
-            Job.dispatched_at.is_not(None),
-        )
-        .limit(WAKE_BATCH)
-    )
-    ready: list[str] = []
-    async with sessions() as session:
-        for job in list((await session.execute(stmt)).scalars()):
-            if not (await _parents_state(session, job.prompt_id)).waiting_on:
-                ready.append(job.job_id)
-    return ready
+    async def parents_state(self, prompt_id: str) -> ParentsState:
+        """What a child of `prompt_id`'s parents still waits on, read now."""
+        async with self.sessions() as session:
+            return await _parents_state(session, prompt_id)
 
+    async def check_parents(self, job_id: str) -> ParentsState:
+        """What `job_id` still waits on, recorded on its row while it is queued (no event: its
+        state has not changed; a read of the row shows it)."""
+        async with transaction(self.sessions) as session:
+            job = await session.get(Job, job_id)
+            if job is None:
+                raise LookupError(f"no job {job_id}")
+            state = await _parents_state(session, job.prompt_id)
+            now_waiting = state.waiting_on or None
+            if job.state is JobState.QUEUED and job.waiting_on != now_waiting:
+                await session.execute(
+                    update(Job)
+                    .where(Job.job_id == job_id, Job.state == JobState.QUEUED)
+                    .values(waiting_on=now_waiting)
+                )
+            return state
 
-async def parent_answers(
-    sessions: async_sessionmaker[AsyncSession], parent_ids: list[str]
-) -> dict[str, str]:
-    """Each parent's answer: the response of its newest succeeded job."""
-    answers: dict[str, str] = {}
-    async with sessions() as session:
-        for parent_id in parent_ids:
-            stmt = (
-                select(Response.text)
-                .where(Response.prompt_id == parent_id)
-                .order_by(Response.created_at.desc())
-                .limit(1)
+    async def waiting_children(self, parent_id: str) -> list[str]:
+        async with self.sessions() as session:
+            return list((await session.execute(waiting_children_query(parent_id))).scalars())
+
+    async def ready_to_wake(self) -> list[str]:
+        """Waiting jobs whose parents have all succeeded: a wake-up signal they should have had
+        (its sender died after the parent's commit) and did not act on."""
+        stmt = (
+            select(Job)
+            .where(
+                Job.state == JobState.QUEUED,
+                Job.waiting_on.is_not(None),
+                Job.dispatched_at.is_not(None),
             )
-            text = (await session.execute(stmt)).scalar_one_or_none()
-            if text is None:
-                raise LookupError(f"parent prompt {parent_id} has no response")
-            answers[parent_id] = text
-    return answers
+            .limit(WAKE_BATCH)
+        )
+        ready: list[str] = []
+        async with self.sessions() as session:
+            for job in list((await session.execute(stmt)).scalars()):
+                if not (await _parents_state(session, job.prompt_id)).waiting_on:
+                    ready.append(job.job_id)
+        return ready
+
+    async def parent_answers(self, parent_ids: list[str]) -> dict[str, str]:
+        """Each parent's answer: the response of its newest succeeded job."""
+        answers: dict[str, str] = {}
+        async with self.sessions() as session:
+            for parent_id in parent_ids:
+                stmt = (
+                    select(Response.text)
+                    .where(Response.prompt_id == parent_id)
+                    .order_by(Response.created_at.desc())
+                    .limit(1)
+                )
+                text = (await session.execute(stmt)).scalar_one_or_none()
+                if text is None:
+                    raise LookupError(f"parent prompt {parent_id} has no response")
+                answers[parent_id] = text
+        return answers

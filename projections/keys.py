@@ -35,33 +35,6 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-async def create_key(
-    sessions: async_sessionmaker[AsyncSession], org: str, user: str, role: str = "member"
-) -> IssuedKey:
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-    for what, name in (("org", org), ("user", user)):
-        if not name or len(name) > NAME_CHARS or not name.isprintable() or name != name.strip():
-            raise ValueError(
-                f"{what} must be 1 to {NAME_CHARS} printable characters without spaces at "
-                f"either end, not {name[:80]!r}"
-            )
-    key_id = secrets.token_hex(6)
-    token = f"{PREFIX}_{key_id}_{secrets.token_urlsafe(24)}"
-    async with transaction(sessions) as session:
-        session.add(
-            ApiKey(
-                key_id=key_id,
-                key_hash=_hash(token),
-                org=org,
-                user=user,
-                role=role,
-                created_at=utcnow(),
-            )
-        )
-    return IssuedKey(key_id, token, Scope(org, user, role))
-
-
 def key_id_of(token: str) -> str | None:
     """The key id a bearer token names (`pj_<key id>_<secret>`), unverified."""
     parts = token.split("_", 2)
@@ -70,65 +43,90 @@ def key_id_of(token: str) -> str | None:
     return parts[1]
 
 
-async def live_key_ids(sessions: async_sessionmaker[AsyncSession], key_ids: set[str]) -> set[str]:
-    """Those of `key_ids` that still exist and are not revoked: one query for any number."""
-    async with sessions() as session:
-        rows = await session.execute(
-            select(ApiKey.key_id).where(ApiKey.key_id.in_(key_ids), ApiKey.revoked_at.is_(None))
-        )
-        return set(rows.scalars())
-
-
-async def authenticate(sessions: async_sessionmaker[AsyncSession], token: str) -> Scope | None:
-    key_id = key_id_of(token)
-    if key_id is None:
-        return None
-    async with sessions() as session:
-        key = (
-            await session.execute(select(ApiKey).where(ApiKey.key_id == key_id))
-        ).scalar_one_or_none()
-    if key is None or key.revoked_at is not None:
-        return None
-    if not hmac.compare_digest(key.key_hash, _hash(token)):
-        return None
-    if key.role not in ROLES:
-        # Only member and admin keys exist; a row edited to claim more grants nothing.
-        return None
-    return Scope(key.org, key.user, key.role)
-
-
-async def list_keys(
-    sessions: async_sessionmaker[AsyncSession], org: str | None = None
-) -> list[ApiKey]:
-    """Every key (of `org`), oldest first, revoked ones included: an operator's view."""
-    stmt = select(ApiKey).order_by(ApiKey.created_at, ApiKey.key_id)
-    if org is not None:
-        stmt = stmt.where(ApiKey.org == org)
-    async with sessions() as session:
-        return list((await session.execute(stmt)).scalars())
-
-
 @dataclass(frozen=True)
 class Revoked:
     key: ApiKey
     already: bool  # it was revoked before (its first date stands)
 
 
-async def revoke_key(sessions: async_sessionmaker[AsyncSession], key: str) -> Revoked | None:
-    """Revoke a key, named by its id or given whole (`pj_<id>_<secret>`); again is a no-op
-    that keeps the first date. None if there is no such key. API processes stop accepting
-    it within their cache's TTL (`KeyCache`)."""
-    key_id = key_id_of(key) or key
-    async with transaction(sessions) as session:
-        changed = await session.execute(
-            update(ApiKey)
-            .where(ApiKey.key_id == key_id, ApiKey.revoked_at.is_(None))
-            .values(revoked_at=utcnow())
-            .returning(ApiKey.key_id)
-        )
-        newly = changed.first() is not None
-        found = await session.get(ApiKey, key_id)
-        return None if found is None else Revoked(found, already=not newly)
+class KeyStore:
+    """The API keys in the projection (`JobStore.keys`): made, verified, listed, revoked."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def create(self, org: str, user: str, role: str = "member") -> IssuedKey:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        for what, name in (("org", org), ("user", user)):
+            if not name or len(name) > NAME_CHARS or not name.isprintable() or name != name.strip():
+                raise ValueError(
+                    f"{what} must be 1 to {NAME_CHARS} printable characters without spaces at "
+                    f"either end, not {name[:80]!r}"
+                )
+        key_id = secrets.token_hex(6)
+        token = f"{PREFIX}_{key_id}_{secrets.token_urlsafe(24)}"
+        async with transaction(self.sessions) as session:
+            session.add(
+                ApiKey(
+                    key_id=key_id,
+                    key_hash=_hash(token),
+                    org=org,
+                    user=user,
+                    role=role,
+                    created_at=utcnow(),
+                )
+            )
+        return IssuedKey(key_id, token, Scope(org, user, role))
+
+    async def live_ids(self, key_ids: set[str]) -> set[str]:
+        """Those of `key_ids` that still exist and are not revoked: one query for any number."""
+        async with self.sessions() as session:
+            rows = await session.execute(
+                select(ApiKey.key_id).where(ApiKey.key_id.in_(key_ids), ApiKey.revoked_at.is_(None))
+            )
+            return set(rows.scalars())
+
+    async def authenticate(self, token: str) -> Scope | None:
+        key_id = key_id_of(token)
+        if key_id is None:
+            return None
+        async with self.sessions() as session:
+            key = (
+                await session.execute(select(ApiKey).where(ApiKey.key_id == key_id))
+            ).scalar_one_or_none()
+        if key is None or key.revoked_at is not None:
+            return None
+        if not hmac.compare_digest(key.key_hash, _hash(token)):
+            return None
+        if key.role not in ROLES:
+            # Only member and admin keys exist; a row edited to claim more grants nothing.
+            return None
+        return Scope(key.org, key.user, key.role)
+
+    async def list(self, org: str | None = None) -> list[ApiKey]:
+        """Every key (of `org`), oldest first, revoked ones included: an operator's view."""
+        stmt = select(ApiKey).order_by(ApiKey.created_at, ApiKey.key_id)
+        if org is not None:
+            stmt = stmt.where(ApiKey.org == org)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def revoke(self, key: str) -> Revoked | None:
+        """Revoke a key, named by its id or given whole (`pj_<id>_<secret>`); again is a no-op
+        that keeps the first date. None if there is no such key. API processes stop accepting
+        it within their cache's TTL (`KeyCache`)."""
+        key_id = key_id_of(key) or key
+        async with transaction(self.sessions) as session:
+            changed = await session.execute(
+                update(ApiKey)
+                .where(ApiKey.key_id == key_id, ApiKey.revoked_at.is_(None))
+                .values(revoked_at=utcnow())
+                .returning(ApiKey.key_id)
+            )
+            newly = changed.first() is not None
+            found = await session.get(ApiKey, key_id)
+            return None if found is None else Revoked(found, already=not newly)
 
 
 class KeyCache:
@@ -143,9 +141,7 @@ class KeyCache:
         self.max_keys = max_keys
         self._verified: OrderedDict[str, tuple[float, Scope]] = OrderedDict()
 
-    async def authenticate(
-        self, sessions: async_sessionmaker[AsyncSession], token: str
-    ) -> Scope | None:
+    async def authenticate(self, keys: KeyStore, token: str) -> Scope | None:
         digest = _hash(token)
         now = time.monotonic()
         hit = self._verified.get(digest)
@@ -153,7 +149,7 @@ class KeyCache:
             self._verified.move_to_end(digest)
             return hit[1]
         self._verified.pop(digest, None)
-        scope = await authenticate(sessions, token)
+        scope = await keys.authenticate(token)
         if scope is not None and self.ttl_s > 0:
             self._verified[digest] = (now + self.ttl_s, scope)
             while len(self._verified) > self.max_keys:

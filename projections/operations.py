@@ -29,27 +29,6 @@ from projections.projector import exclude_writers_of_prompts
 PERCENTILES = (50, 90, 99)
 
 
-async def list_jobs(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    state: JobState | None = None,
-    org: str | None = None,
-    since: datetime | None = None,
-    limit: int = 50,
-) -> list[Job]:
-    """Newest first: jobs created at or after `since`, of every org unless one is named."""
-    stmt = select(Job)
-    if state is not None:
-        stmt = stmt.where(Job.state == state)
-    if org is not None:
-        stmt = stmt.where(Job.org == org)
-    if since is not None:
-        stmt = stmt.where(Job.created_at >= since)
-    stmt = stmt.order_by(Job.created_at.desc(), Job.job_id.desc()).limit(limit)
-    async with sessions() as session:
-        return list((await session.execute(stmt)).scalars())
-
-
 def percentiles(values: list[float]) -> dict[str, float | None]:
     """The mean (the seed's "average latency"), then nearest-rank percentiles, so each
     percentile is a latency some job really had."""
@@ -77,69 +56,6 @@ class OrgMetrics:
     error_rate: float | None = None
 
 
-async def queue_metrics(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    since: datetime | None = None,
-    org: str | None = None,
-) -> list[OrgMetrics]:
-    """Per org (and "*" for all): jobs by state, wait and run latency (mean and percentiles),
-    the error rate, and the error kinds of the attempts that ended in an error (retried or
-    not; and of jobs that failed without an attempt's record: a dead worker, the ceiling)."""
-    stmt = select(
-        Job.org, Job.state, Job.error_kind, Job.created_at, Job.started_at, Job.finished_at
-    )
-    if since is not None:
-        stmt = stmt.where(Job.created_at >= since)
-    if org is not None:
-        stmt = stmt.where(Job.org == org)
-    # Each attempt that ended in an error counts, retried or not: a re-queue's kind is
-    # cleared from the row by the success that follows it, but not from the attempts.
-    errors = (
-        select(Attempt.org, Attempt.outcome, func.count())
-        .where(Attempt.outcome.in_([kind.value for kind in ErrorKind]))
-        .group_by(Attempt.org, Attempt.outcome)
-    )
-    if since is not None:
-        errors = errors.where(Attempt.started_at >= since)
-    if org is not None:
-        errors = errors.where(Attempt.org == org)
-    async with sessions() as session:
-        rows = (await session.execute(stmt)).all()
-        attempt_errors = (await session.execute(errors)).all()
-    kinds_of: dict[str, Counter[str]] = defaultdict(Counter)
-    for row_org, outcome, count in attempt_errors:
-        kinds_of[row_org][outcome] += count
-        kinds_of["*"][outcome] += count
-    groups: dict[str, list[tuple[JobState, str | None, datetime, datetime | None, datetime | None]]]
-    groups = defaultdict(list)
-    for row_org, state, kind, created, started, finished in rows:
-        groups[row_org].append((state, kind, created, started, finished))
-        groups["*"].append((state, kind, created, started, finished))
-    result = []
-    for name in sorted(groups, key=lambda g: (g == "*", g)):
-        jobs = groups[name]
-        states = Counter(state.value for state, *_ in jobs)
-        # Ends no attempt records: a job whose worker died, or that passed its ceiling.
-        unrecorded = (ErrorKind.WORKER_CRASH, ErrorKind.STUCK)
-        kinds = kinds_of[name] + Counter(
-            kind for state, kind, *_ in jobs if state is JobState.FAILED and kind in unrecorded
-        )
-        waits = [(s - c).total_seconds() for _, _, c, s, _ in jobs if s is not None]
-        runs = [(f - s).total_seconds() for _, _, _, s, f in jobs if s and f]
-        result.append(
-            OrgMetrics(
-                org=name,
-                states={state.value: states.get(state.value, 0) for state in JobState},
-                wait_s=percentiles(waits),
-                run_s=percentiles(runs),
-                error_kinds=dict(sorted(kinds.items())),
-                error_rate=error_rate(states),
-            )
-        )
-    return result
-
-
 @dataclass
 class UsageMetrics:
     """What one org's attempts on one model consumed (model "*": the org's total)."""
@@ -155,57 +71,6 @@ class UsageMetrics:
     unpriced: int
     # Attempts whose counts are ours (estimated), not the provider's.
     estimated: int
-
-
-async def usage_metrics(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    since: datetime | None = None,
-    org: str | None = None,
-) -> list[UsageMetrics]:
-    """Tokens and cost of the attempts that ended at or after `since`, per org and model,
-    each org followed by its total."""
-    stmt = select(
-        Attempt.org,
-        Attempt.provider,
-        Attempt.model,
-        func.count(),
-        func.coalesce(func.sum(Attempt.input_tokens), 0),
-        func.coalesce(func.sum(Attempt.output_tokens), 0),
-        func.coalesce(func.sum(Attempt.cost_usd), 0.0),
-        func.count() - func.count(Attempt.cost_usd),
-        func.sum(case((Attempt.usage_estimated, 1), else_=0)),
-    ).group_by(Attempt.org, Attempt.provider, Attempt.model)
-    if since is not None:
-        stmt = stmt.where(Attempt.ended_at >= since)
-    if org is not None:
-        stmt = stmt.where(Attempt.org == org)
-    async with sessions() as session:
-        rows = (
-            await session.execute(stmt.order_by(Attempt.org, Attempt.provider, Attempt.model))
-        ).all()
-    result: list[UsageMetrics] = []
-    for name in sorted({row[0] for row in rows}):
-        mine = [
-            UsageMetrics(o, p, m, n, int(i), int(out), round(float(c), 9), int(u), int(e or 0))
-            for o, p, m, n, i, out, c, u, e in rows
-            if o == name
-        ]
-        result.extend(mine)
-        result.append(
-            UsageMetrics(
-                name,
-                "*",
-                "*",
-                sum(u.attempts for u in mine),
-                sum(u.input_tokens for u in mine),
-                sum(u.output_tokens for u in mine),
-                round(sum(u.cost_usd for u in mine), 9),
-                sum(u.unpriced for u in mine),
-                sum(u.estimated for u in mine),
-            )
-        )
-    return result
 
 
 def error_rate(states: Counter[str]) -> float | None:
@@ -232,48 +97,6 @@ class ProjectionHealth:
     workers: list[WorkerSeen]
 
 
-async def jobs_by_state(sessions: async_sessionmaker[AsyncSession]) -> dict[JobState, int]:
-    async with sessions() as session:
-        counted = await session.execute(select(Job.state, func.count()).group_by(Job.state))
-        found = {state: count for state, count in counted.all()}
-    return {state: found.get(state, 0) for state in JobState}
-
-
-async def projection_health(
-    sessions: async_sessionmaker[AsyncSession], *, workers_since: datetime
-) -> ProjectionHealth:
-    """What the projection says about the fleet: jobs per state, the newest transition, and
-    each worker (jobs.worker, recorded when an attempt starts) seen since `workers_since`."""
-    by_state = await jobs_by_state(sessions)
-    async with sessions() as session:
-        last = (await session.execute(select(func.max(JobEvent.created_at)))).scalar()
-        rows = (
-            await session.execute(
-                select(Job.worker, Job.state, func.count(), func.max(Job.updated_at))
-                .where(Job.worker.is_not(None), Job.updated_at >= workers_since)
-                .group_by(Job.worker, Job.state)
-            )
-        ).all()
-        seen: dict[str, WorkerSeen] = {}
-        for worker, state, count, updated in rows:
-            assert worker is not None
-            entry = seen.setdefault(worker, WorkerSeen(worker, updated, 0, 0, 0, 0))
-            entry.last_seen = max(entry.last_seen, updated)
-            if state is JobState.RUNNING:
-                entry.running += count
-            elif state is JobState.SUCCEEDED:
-                entry.succeeded += count
-            elif state is JobState.FAILED:
-                entry.failed += count
-            elif state is JobState.CANCELLED:
-                entry.cancelled += count
-    return ProjectionHealth(
-        states={state.value: count for state, count in by_state.items()},
-        last_transition_at=last,
-        workers=sorted(seen.values(), key=lambda w: w.last_seen, reverse=True),
-    )
-
-
 @dataclass
 class Archived:
     jobs: int
@@ -283,88 +106,268 @@ class Archived:
     dry_run: bool
 
 
-async def archive(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    before: datetime,
-    dry_run: bool = False,
-    batch: int | None = None,
-) -> Archived:
-    """Remove terminal jobs finished before `before` with their events, their streamed
-    output and their attempt records; a prompt left with no job goes too, with its
-    responses. One transaction that excludes user retries, so a concurrent retry cannot add
-    a job to a prompt being removed.
-
-    `batch`: remove at most that many jobs (the longest finished first), so that one
-    transaction holds the write lock briefly; the scheduled retention calls this until a
-    batch comes back short."""
-    old = and_(Job.state.in_(TERMINAL), Job.finished_at.is_not(None), Job.finished_at < before)
-    async with transaction(sessions) as session:
-        await exclude_writers_of_prompts(session)
-        if batch is None:
-            chosen: Any = old
-        else:
-            oldest = select(Job.job_id).where(old).order_by(Job.finished_at, Job.job_id)
-            ids = list((await session.execute(oldest.limit(batch))).scalars())
-            chosen = Job.job_id.in_(ids)
-        old_jobs = select(Job.job_id).where(chosen)
-        kept_prompts = select(Job.prompt_id).where(not_(chosen))
-        gone_prompts = select(Job.prompt_id).where(chosen, Job.prompt_id.not_in(kept_prompts))
-        counts = Archived(
-            jobs=await _count(session, old_jobs),
-            events=await _count(session, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))),
-            prompts=await _count(session, gone_prompts.distinct()),
-            responses=await _count(
-                session, select(Response.response_id).where(Response.prompt_id.in_(gone_prompts))
-            ),
-            dry_run=dry_run,
-        )
-        if not dry_run:
-            await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
-            await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
-            await session.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
-            await session.execute(delete(Attempt).where(Attempt.job_id.in_(old_jobs)))
-            await session.execute(delete(Job).where(chosen))
-            orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
-            orphans = select(Prompt.prompt_id).where(orphan)
-            # A chain's edges to or from a removed prompt go with it; a child's `after` keeps
-            # the id, which no longer resolves (as `supersedes` does).
-            await session.execute(
-                delete(PromptParent).where(
-                    PromptParent.prompt_id.in_(orphans) | PromptParent.parent_id.in_(orphans)
-                )
-            )
-            await session.execute(delete(Prompt).where(orphan))
-    return counts
-
-
-async def archive_in_batches(
-    sessions: async_sessionmaker[AsyncSession],
-    *,
-    before: datetime,
-    batch: int,
-    progress: Callable[[Archived], None] | None = None,
-) -> Archived:
-    """`archive` a batch per transaction until a batch comes back short: each transaction
-    holds the write lock (SQLite) or the visible horizon (PostgreSQL: SSE and `?since=` wait
-    for the oldest transaction in flight) only briefly. `progress` hears the totals after
-    each batch. Interrupted, it has removed whole batches; run again, it goes on."""
-    total = Archived(0, 0, 0, 0, dry_run=False)
-    while True:
-        done = await archive(sessions, before=before, batch=batch)
-        total = Archived(
-            total.jobs + done.jobs,
-            total.events + done.events,
-            total.prompts + done.prompts,
-            total.responses + done.responses,
-            dry_run=False,
-        )
-        if progress is not None:
-            progress(total)
-        if done.jobs < batch:
-            return total
-
-
 async def _count(session: AsyncSession, rows: Select[Any]) -> int:
     counted = select(func.count()).select_from(rows.subquery())
     return int((await session.execute(counted)).scalar() or 0)
+
+
+class Operations:
+    """What an operator reads and does across orgs (`JobStore.operations`)."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
+
+    async def list_jobs(
+        self,
+        *,
+        state: JobState | None = None,
+        org: str | None = None,
+        since: datetime | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        """Newest first: jobs created at or after `since`, of every org unless one is named."""
+        stmt = select(Job)
+        if state is not None:
+            stmt = stmt.where(Job.state == state)
+        if org is not None:
+            stmt = stmt.where(Job.org == org)
+        if since is not None:
+            stmt = stmt.where(Job.created_at >= since)
+        stmt = stmt.order_by(Job.created_at.desc(), Job.job_id.desc()).limit(limit)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def queue_metrics(
+        self,
+        *,
+        since: datetime | None = None,
+        org: str | None = None,
+    ) -> list[OrgMetrics]:
+        """Per org (and "*" for all): jobs by state, wait and run latency (mean and percentiles),
+        the error rate, and the error kinds of the attempts that ended in an error (retried or
+        not; and of jobs that failed without an attempt's record: a dead worker, the ceiling)."""
+        stmt = select(
+            Job.org, Job.state, Job.error_kind, Job.created_at, Job.started_at, Job.finished_at
+        )
+        if since is not None:
+            stmt = stmt.where(Job.created_at >= since)
+        if org is not None:
+            stmt = stmt.where(Job.org == org)
+        # Each attempt that ended in an error counts, retried or not: a re-queue's kind is
+        # cleared from the row by the success that follows it, but not from the attempts.
+        errors = (
+            select(Attempt.org, Attempt.outcome, func.count())
+            .where(Attempt.outcome.in_([kind.value for kind in ErrorKind]))
+            .group_by(Attempt.org, Attempt.outcome)
+        )
+        if since is not None:
+            errors = errors.where(Attempt.started_at >= since)
+        if org is not None:
+            errors = errors.where(Attempt.org == org)
+        async with self.sessions() as session:
+            rows = (await session.execute(stmt)).all()
+            attempt_errors = (await session.execute(errors)).all()
+        kinds_of: dict[str, Counter[str]] = defaultdict(Counter)
+        for row_org, outcome, count in attempt_errors:
+            kinds_of[row_org][outcome] += count
+            kinds_of["*"][outcome] += count
+        groups: dict[
+            str, list[tuple[JobState, str | None, datetime, datetime | None, datetime | None]]
+        ]
+        groups = defaultdict(list)
+        for row_org, state, kind, created, started, finished in rows:
+            groups[row_org].append((state, kind, created, started, finished))
+            groups["*"].append((state, kind, created, started, finished))
+        result = []
+        for name in sorted(groups, key=lambda g: (g == "*", g)):
+            jobs = groups[name]
+            states = Counter(state.value for state, *_ in jobs)
+            # Ends no attempt records: a job whose worker died, or that passed its ceiling.
+            unrecorded = (ErrorKind.WORKER_CRASH, ErrorKind.STUCK)
+            kinds = kinds_of[name] + Counter(
+                kind for state, kind, *_ in jobs if state is JobState.FAILED and kind in unrecorded
+            )
+            waits = [(s - c).total_seconds() for _, _, c, s, _ in jobs if s is not None]
+            runs = [(f - s).total_seconds() for _, _, _, s, f in jobs if s and f]
+            result.append(
+                OrgMetrics(
+                    org=name,
+                    states={state.value: states.get(state.value, 0) for state in JobState},
+                    wait_s=percentiles(waits),
+                    run_s=percentiles(runs),
+                    error_kinds=dict(sorted(kinds.items())),
+                    error_rate=error_rate(states),
+                )
+            )
+        return result
+
+    async def usage_metrics(
+        self,
+        *,
+        since: datetime | None = None,
+        org: str | None = None,
+    ) -> list[UsageMetrics]:
+        """Tokens and cost of the attempts that ended at or after `since`, per org and model,
+        each org followed by its total."""
+        stmt = select(
+            Attempt.org,
+            Attempt.provider,
+            Attempt.model,
+            func.count(),
+            func.coalesce(func.sum(Attempt.input_tokens), 0),
+            func.coalesce(func.sum(Attempt.output_tokens), 0),
+            func.coalesce(func.sum(Attempt.cost_usd), 0.0),
+            func.count() - func.count(Attempt.cost_usd),
+            func.sum(case((Attempt.usage_estimated, 1), else_=0)),
+        ).group_by(Attempt.org, Attempt.provider, Attempt.model)
+        if since is not None:
+            stmt = stmt.where(Attempt.ended_at >= since)
+        if org is not None:
+            stmt = stmt.where(Attempt.org == org)
+        async with self.sessions() as session:
+            rows = (
+                await session.execute(stmt.order_by(Attempt.org, Attempt.provider, Attempt.model))
+            ).all()
+        result: list[UsageMetrics] = []
+        for name in sorted({row[0] for row in rows}):
+            mine = [
+                UsageMetrics(o, p, m, n, int(i), int(out), round(float(c), 9), int(u), int(e or 0))
+                for o, p, m, n, i, out, c, u, e in rows
+                if o == name
+            ]
+            result.extend(mine)
+            result.append(
+                UsageMetrics(
+                    name,
+                    "*",
+                    "*",
+                    sum(u.attempts for u in mine),
+                    sum(u.input_tokens for u in mine),
+                    sum(u.output_tokens for u in mine),
+                    round(sum(u.cost_usd for u in mine), 9),
+                    sum(u.unpriced for u in mine),
+                    sum(u.estimated for u in mine),
+                )
+            )
+        return result
+
+    async def jobs_by_state(self) -> dict[JobState, int]:
+        async with self.sessions() as session:
+            counted = await session.execute(select(Job.state, func.count()).group_by(Job.state))
+            found = {state: count for state, count in counted.all()}
+        return {state: found.get(state, 0) for state in JobState}
+
+    async def projection_health(self, *, workers_since: datetime) -> ProjectionHealth:
+        """What the projection says about the fleet: jobs per state, the newest transition, and
+        each worker (jobs.worker, recorded when an attempt starts) seen since `workers_since`."""
+        by_state = await self.jobs_by_state()
+        async with self.sessions() as session:
+            last = (await session.execute(select(func.max(JobEvent.created_at)))).scalar()
+            rows = (
+                await session.execute(
+                    select(Job.worker, Job.state, func.count(), func.max(Job.updated_at))
+                    .where(Job.worker.is_not(None), Job.updated_at >= workers_since)
+                    .group_by(Job.worker, Job.state)
+                )
+            ).all()
+            seen: dict[str, WorkerSeen] = {}
+            for worker, state, count, updated in rows:
+                assert worker is not None
+                entry = seen.setdefault(worker, WorkerSeen(worker, updated, 0, 0, 0, 0))
+                entry.last_seen = max(entry.last_seen, updated)
+                if state is JobState.RUNNING:
+                    entry.running += count
+                elif state is JobState.SUCCEEDED:
+                    entry.succeeded += count
+                elif state is JobState.FAILED:
+                    entry.failed += count
+                elif state is JobState.CANCELLED:
+                    entry.cancelled += count
+        return ProjectionHealth(
+            states={state.value: count for state, count in by_state.items()},
+            last_transition_at=last,
+            workers=sorted(seen.values(), key=lambda w: w.last_seen, reverse=True),
+        )
+
+    async def archive(
+        self,
+        *,
+        before: datetime,
+        dry_run: bool = False,
+        batch: int | None = None,
+    ) -> Archived:
+        """Remove terminal jobs finished before `before` with their events, their streamed
+        output and their attempt records; a prompt left with no job goes too, with its
+        responses. One transaction that excludes user retries, so a concurrent retry cannot add
+        a job to a prompt being removed.
+
+        `batch`: remove at most that many jobs (the longest finished first), so that one
+        transaction holds the write lock briefly; the scheduled retention calls this until a
+        batch comes back short."""
+        old = and_(Job.state.in_(TERMINAL), Job.finished_at.is_not(None), Job.finished_at < before)
+        async with transaction(self.sessions) as session:
+            await exclude_writers_of_prompts(session)
+            if batch is None:
+                chosen: Any = old
+            else:
+                oldest = select(Job.job_id).where(old).order_by(Job.finished_at, Job.job_id)
+                ids = list((await session.execute(oldest.limit(batch))).scalars())
+                chosen = Job.job_id.in_(ids)
+            old_jobs = select(Job.job_id).where(chosen)
+            kept_prompts = select(Job.prompt_id).where(not_(chosen))
+            gone_prompts = select(Job.prompt_id).where(chosen, Job.prompt_id.not_in(kept_prompts))
+            counts = Archived(
+                jobs=await _count(session, old_jobs),
+                events=await _count(
+                    session, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))
+                ),
+                prompts=await _count(session, gone_prompts.distinct()),
+                responses=await _count(
+                    session,
+                    select(Response.response_id).where(Response.prompt_id.in_(gone_prompts)),
+                ),
+                dry_run=dry_run,
+            )
+            if not dry_run:
+                await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
+                await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
+                await session.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
+                await session.execute(delete(Attempt).where(Attempt.job_id.in_(old_jobs)))
+                await session.execute(delete(Job).where(chosen))
+                orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
+                orphans = select(Prompt.prompt_id).where(orphan)
+                # A chain's edges to or from a removed prompt go with it; a child's `after` keeps
+                # the id, which no longer resolves (as `supersedes` does).
+                await session.execute(
+                    delete(PromptParent).where(
+                        PromptParent.prompt_id.in_(orphans) | PromptParent.parent_id.in_(orphans)
+                    )
+                )
+                await session.execute(delete(Prompt).where(orphan))
+        return counts
+
+    async def archive_in_batches(
+        self,
+        *,
+        before: datetime,
+        batch: int,
+        progress: Callable[[Archived], None] | None = None,
+    ) -> Archived:
+        """`archive` a batch per transaction until a batch comes back short: each transaction
+        holds the write lock (SQLite) or the visible horizon (PostgreSQL: SSE and `?since=` wait
+        for the oldest transaction in flight) only briefly. `progress` hears the totals after
+        each batch. Interrupted, it has removed whole batches; run again, it goes on."""
+        total = Archived(0, 0, 0, 0, dry_run=False)
+        while True:
+            done = await self.archive(before=before, batch=batch)
+            total = Archived(
+                total.jobs + done.jobs,
+                total.events + done.events,
+                total.prompts + done.prompts,
+                total.responses + done.responses,
+                dry_run=False,
+            )
+            if progress is not None:
+                progress(total)
+            if done.jobs < batch:
+                return total

@@ -1,14 +1,22 @@
 """The job store: one handle on the projection for the API, the services and the CLI, made
 of its writes (projections/writes.py), reads (reads.py) and the dispatcher's scans (scans.py),
-over one session factory and the projector that owns transitions."""
+over one session factory and the projector that owns transitions. What is not one job's
+row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share) and
+`operations` (the operator's views and archive). A new query goes into one of these, never
+into a free function that takes a session factory (docs/decisions.md)."""
 
 from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections.admission import OrgShares
+from projections.chain_store import ChainStore
+from projections.keys import KeyStore
+from projections.operations import Operations
 from projections.projector import Projector
 from projections.reads import JobReads
 from projections.scans import DispatchScans
+from projections.workers import WorkerRegistry
 from projections.writes import JobWrites
 
 
@@ -16,3 +24,8 @@ class JobStore(JobWrites, JobReads, DispatchScans):
     def __init__(self, sessions: async_sessionmaker[AsyncSession], projector: Projector) -> None:
         self.sessions = sessions
         self.projector = projector
+        self.keys = KeyStore(sessions)
+        self.workers = WorkerRegistry(sessions)
+        self.chains = ChainStore(sessions)
+        self.orgs = OrgShares(sessions)
+        self.operations = Operations(sessions)

@@ -15,35 +15,38 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-async def heartbeat(
-    sessions: async_sessionmaker[AsyncSession],
-    identity: str,
-    config: dict[str, Any],
-    started_at: datetime,
-    *,
-    stopped: bool = False,
-) -> None:
-    """Record that `identity` is alive now (or, with `stopped`, that it shut down). Only the
-    worker itself writes its row, so a read-then-write cannot race."""
-    now = utcnow()
-    async with sessions() as session, session.begin():
-        row = await session.get(WorkerProcess, identity)
-        if row is None:
-            row = WorkerProcess(identity=identity, started_at=started_at, config=config)
-            session.add(row)
-        row.heartbeat_at = now
-        row.config = config
-        row.stopped_at = now if stopped else None
+class WorkerRegistry:
+    """The worker processes' rows (`JobStore.workers`)."""
 
+    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+        self.sessions = sessions
 
-async def workers_since(
-    sessions: async_sessionmaker[AsyncSession], since: datetime
-) -> list[WorkerProcess]:
-    """Workers that beat since `since`, the most recent first."""
-    async with sessions() as session:
-        rows = await session.execute(
-            select(WorkerProcess)
-            .where(WorkerProcess.heartbeat_at >= since)
-            .order_by(WorkerProcess.heartbeat_at.desc())
-        )
-        return list(rows.scalars())
+    async def heartbeat(
+        self,
+        identity: str,
+        config: dict[str, Any],
+        started_at: datetime,
+        *,
+        stopped: bool = False,
+    ) -> None:
+        """Record that `identity` is alive now (or, with `stopped`, that it shut down). Only
+        the worker itself writes its row, so a read-then-write cannot race."""
+        now = utcnow()
+        async with self.sessions() as session, session.begin():
+            row = await session.get(WorkerProcess, identity)
+            if row is None:
+                row = WorkerProcess(identity=identity, started_at=started_at, config=config)
+                session.add(row)
+            row.heartbeat_at = now
+            row.config = config
+            row.stopped_at = now if stopped else None
+
+    async def since(self, since: datetime) -> list[WorkerProcess]:
+        """Workers that beat since `since`, the most recent first."""
+        async with self.sessions() as session:
+            rows = await session.execute(
+                select(WorkerProcess)
+                .where(WorkerProcess.heartbeat_at >= since)
+                .order_by(WorkerProcess.heartbeat_at.desc())
+            )
+            return list(rows.scalars())

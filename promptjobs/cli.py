@@ -160,7 +160,7 @@ def keys_create(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Create an API key. It is shown once; only its hash is stored."""
-    from projections.keys import ROLES, create_key
+    from projections.keys import ROLES
     from promptjobs.wiring import open_projection
 
     if role not in ROLES:
@@ -169,7 +169,7 @@ def keys_create(
     async def create() -> Any:
         async with open_projection(Settings(), streams=False, create=False) as projection:
             try:
-                return await create_key(projection.sessions, org, user, role)
+                return await projection.store.keys.create(org, user, role)
             except ValueError as err:
                 raise CliError(str(err)) from err
 
@@ -196,13 +196,12 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List API keys (never their secrets), revoked ones too, oldest first."""
-    from projections.keys import list_keys
     from promptjobs.console import console, emit_json, table
     from promptjobs.wiring import open_projection
 
     async def fetch() -> Any:
         async with open_projection(Settings(), streams=False, create=False) as projection:
-            return await list_keys(projection.sessions, org)
+            return await projection.store.keys.list(org)
 
     keys = run(fetch())
     rows = [
@@ -230,14 +229,14 @@ def keys_revoke(
 ) -> None:
     """Revoke an API key, by its id or whole. Every API process refuses it within
     `api_key_cache_ttl_s`."""
-    from projections.keys import key_id_of, revoke_key
+    from projections.keys import key_id_of
     from promptjobs.wiring import open_projection
 
     settings = Settings()
 
     async def revoke() -> Any:
         async with open_projection(settings, streams=False, create=False) as projection:
-            return await revoke_key(projection.sessions, key_id)
+            return await projection.store.keys.revoke(key_id)
 
     revoked = run(revoke())
     if revoked is None:

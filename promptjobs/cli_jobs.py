@@ -16,8 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from activities.adapters.base import InvalidOptions
-from projections import operations, workers
-from projections.chain_store import parents_state
+from projections import operations
 from projections.errors import InvalidState, NotFound, RetryLimit
 from projections.event_log import utcnow
 from projections.lifecycle import JobState
@@ -108,8 +107,8 @@ def list_jobs(
 
     async def fetch() -> list[Job]:
         async with operator_projection() as projection:
-            return await operations.list_jobs(
-                projection.sessions, state=wanted, org=org, since=after, limit=limit
+            return await projection.store.operations.list_jobs(
+                state=wanted, org=org, since=after, limit=limit
             )
 
     jobs = run(fetch())
@@ -132,7 +131,7 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
             waits = None
             if job.waiting_on and job.state is JobState.QUEUED:
                 # The parents as they stand now, not as the workflow last checked them.
-                waits = (await parents_state(projection.sessions, job.prompt_id)).detail
+                waits = (await store.chains.parents_state(job.prompt_id)).detail
             return job, events, [other for other in siblings if other.job_id != job_id], waits
 
     try:
@@ -270,10 +269,10 @@ def metrics(
 
     async def fetch() -> tuple[list[operations.OrgMetrics], list[operations.UsageMetrics]]:
         async with operator_projection() as projection:
-            sessions = projection.sessions
+            views = projection.store.operations
             return (
-                await operations.queue_metrics(sessions, since=after, org=org),
-                await operations.usage_metrics(sessions, since=after, org=org),
+                await views.queue_metrics(since=after, org=org),
+                await views.usage_metrics(since=after, org=org),
             )
 
     per_org, usage = run(fetch())
@@ -358,9 +357,8 @@ def archive(
     async def act() -> operations.Archived:
         async with operator_projection() as projection:
             if dry_run:
-                return await operations.archive(projection.sessions, before=cutoff, dry_run=True)
-            return await operations.archive_in_batches(
-                projection.sessions,
+                return await projection.store.operations.archive(before=cutoff, dry_run=True)
+            return await projection.store.operations.archive_in_batches(
                 before=cutoff,
                 batch=Settings().retention_batch,
                 progress=progress,
@@ -475,8 +473,8 @@ async def _status() -> tuple[operations.ProjectionHealth, list[WorkerProcess], d
     settings = Settings()
     async with open_projection(settings, streams=False, create=False) as projection:
         since = utcnow() - timedelta(seconds=WORKERS_SEEN_S)
-        health = await operations.projection_health(projection.sessions, workers_since=since)
-        registered = await workers.workers_since(projection.sessions, since)
+        health = await projection.store.operations.projection_health(workers_since=since)
+        registered = await projection.store.workers.since(since)
     temporal: dict[str, Any] = {
         "address": settings.temporal_address,
         "task_queue": settings.temporal_task_queue,

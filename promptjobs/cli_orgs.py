@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from projections.admission import OrgShare, org_shares, set_org_limit
+from projections.admission import OrgShare
 from promptjobs.console import CliError, console, emit_json, run, table
 from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
@@ -30,7 +30,7 @@ def orgs_list(
 
     async def fetch() -> list[OrgShare]:
         async with open_projection(settings, streams=False, create=False) as projection:
-            return await org_shares(projection.sessions, settings.org_max_running)
+            return await projection.store.orgs.shares(settings.org_max_running)
 
     rows = [
         {
@@ -76,7 +76,7 @@ def orgs_limit(
 
     async def apply() -> None:
         async with open_projection(settings, streams=False, create=False) as projection:
-            await set_org_limit(projection.sessions, org, max_running)
+            await projection.store.orgs.set_limit(org, max_running)
 
     run(apply())
     if max_running is None:

@@ -22,7 +22,7 @@ from temporalio.client import Client, Interceptor
 from temporalio.runtime import Runtime
 from temporalio.testing import WorkflowEnvironment
 
-from projections.keys import IssuedKey, create_key
+from projections.keys import IssuedKey
 from promptjobs.observability import WorkerMetrics, free_local_port, keep_registered
 from promptjobs.runtime import (
     Projection,
@@ -138,7 +138,7 @@ async def dev_api_key(projection: Projection, data_dir: Path) -> str:
     path = data_dir / "dev-api-key"
     if path.exists():
         return path.read_text().strip()
-    issued: IssuedKey = await create_key(projection.sessions, "dev", "dev", "admin")
+    issued: IssuedKey = await projection.store.keys.create("dev", "dev", "admin")
     path.write_text(issued.secret + "\n")
     path.chmod(0o600)
     return issued.secret
@@ -313,7 +313,7 @@ async def serve(
         tasks.append(asyncio.create_task(worker.run(), name="worker"))
         tasks.append(
             asyncio.create_task(
-                keep_registered(settings, projection.sessions, stop), name="worker registry"
+                keep_registered(settings, projection.store.workers, stop), name="worker registry"
             )
         )
         tasks.append(

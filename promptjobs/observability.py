@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -31,6 +30,7 @@ from temporalio.runtime import (
 from activities.job_activities import worker_identity
 from api.routes.metrics import bearer_token, token_matches
 from projections import workers
+from projections.workers import WorkerRegistry
 from promptjobs.settings import Settings
 
 log = logging.getLogger("promptjobs")
@@ -169,7 +169,7 @@ def worker_config(settings: Settings) -> dict[str, Any]:
 
 async def keep_registered(
     settings: Settings,
-    sessions: async_sessionmaker[AsyncSession],
+    registry: WorkerRegistry,
     stop: asyncio.Event,
     *,
     identity: str | None = None,
@@ -184,7 +184,7 @@ async def keep_registered(
     while True:
         stopping = stop.is_set()
         try:
-            await workers.heartbeat(sessions, identity, config, started, stopped=stopping)
+            await registry.heartbeat(identity, config, started, stopped=stopping)
         except (SQLAlchemyError, OSError) as err:
             log.warning("cannot record worker heartbeat: %s", err)
         if stopping:

@@ -27,7 +27,6 @@ from api.app import create_app
 from api.deps import Services
 from projections.keys import KeyCache
 from projections.metrics import QueueDepth
-from projections.operations import jobs_by_state
 from promptjobs.settings import Settings
 from promptjobs.wiring import (
     Projection,
@@ -115,7 +114,7 @@ def build_app(
             sse_max_lifetime_s=settings.sse_max_lifetime_s,
             keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),
             queue_depth=QueueDepth(
-                lambda: jobs_by_state(projection.sessions), settings.metrics_cache_s
+                projection.store.operations.jobs_by_state, settings.metrics_cache_s
             ),
             metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )

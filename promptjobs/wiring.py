@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +19,6 @@ from temporalio.service import TLSConfig
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
 from projections.db import create_engine, dispose, migrate_store, require_store, session_factory
-from projections.keys import live_key_ids
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore
@@ -82,7 +80,7 @@ async def open_projection(
     projector = Projector(sessions, on_commit=feed.notify if feed is not None else None)
     store = JobStore(sessions, projector)
     if feed is not None:
-        feed.attach(store.events_after, store.latest_event_id, partial(live_key_ids, sessions))
+        feed.attach(store.events_after, store.latest_event_id, store.keys.live_ids)
     listener = None
     if listen and feed is not None and engine.dialect.name == "postgresql":
         listener = asyncio.create_task(EventListener(url, feed.notify).run(), name="listen")

@@ -8,8 +8,6 @@ import asyncio
 from temporalio.client import Client
 
 from activities.contracts import PARENTS_CHANGED, SLOT_FREED
-from projections.admission import slot_waiters
-from projections.chain_store import ready_to_wake
 from projections.store import JobStore
 from services.gone import GONE, unless_gone
 
@@ -27,7 +25,7 @@ class Waker:
         """Signal the waiting chain children whose parents have all succeeded: the parent's
         attempt wakes them as it settles, but a worker killed right after its commit does not."""
         woken = 0
-        for job_id in await ready_to_wake(self.store.sessions):
+        for job_id in await self.store.chains.ready_to_wake():
             if await self._signal(job_id, PARENTS_CHANGED):
                 woken += 1
         return woken
@@ -36,7 +34,7 @@ class Waker:
         """Signal the jobs waiting for a running slot of their org, as many per org as it has
         free (projections/admission.py). The slot is taken by the job's next attempt, in its
         own transaction; a woken job that finds it gone meanwhile just waits again."""
-        waiters = await slot_waiters(self.store.sessions, self.org_max_running)
+        waiters = await self.store.orgs.slot_waiters(self.org_max_running)
         woken = 0
         for first in range(0, len(waiters), WAKE_CONCURRENCY):
             batch = waiters[first : first + WAKE_CONCURRENCY]

@@ -22,7 +22,6 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from projections.keys import create_key
 from promptjobs.launch import DEV_SERVER_ARGS, serve
 from promptjobs.runtime import (
     Projection,
@@ -213,7 +212,7 @@ class Stack:
         )
 
     async def key(self, org: str, user: str, role: str = "member") -> str:
-        return (await create_key(self.projection.sessions, org, user, role)).secret
+        return (await self.projection.store.keys.create(org, user, role)).secret
 
     async def job(self, job_id: str) -> dict[str, Any]:
         response = await self.http.get(f"/v1/jobs/{job_id}")
@@ -260,7 +259,7 @@ async def running_stack(
         await asyncio.wait([task, ready_wait], return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             await task
-        key = (await create_key(projection.sessions, "acme", "alice", "member")).secret
+        key = (await projection.store.keys.create("acme", "alice", "member")).secret
         base_url = f"http://{settings.api_host}:{settings.api_port}"
         async with httpx.AsyncClient(
             base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10

@@ -14,7 +14,6 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from projections.operations import archive
 from tests.conftest import Stack, free_port, make_settings, running_stack
 
 PROBLEM_FIELDS = {"type", "title", "status", "detail", "code"}
@@ -73,8 +72,8 @@ async def test_idempotent_replay_after_archive_of_the_original_answers_the_curre
     assert retried.status_code == 202, retried.text
     current = await stack.settled(retried.json()["job_id"])
     # The superseded original finished before its retry was created; the prompt stays.
-    archived = await archive(
-        stack.projection.sessions, before=datetime.fromisoformat(current["created_at"])
+    archived = await stack.projection.store.operations.archive(
+        before=datetime.fromisoformat(current["created_at"])
     )
     assert archived.jobs == 1 and archived.prompts == 0
 

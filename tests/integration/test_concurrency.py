@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import func, select
 from temporalio.testing import WorkflowEnvironment
 
-from projections.keys import create_key
 from projections.lifecycle import EventType, JobState, is_allowed
 from projections.models import Job, JobEvent
 from promptjobs.runtime import open_projection
@@ -72,7 +71,7 @@ async def test_workers_and_apis_at_once_keep_every_job_legal(
         await asyncio.gather(*(api.ready() for api in apis))
 
         async with open_projection(settings, run_migrations=False) as projection:
-            key = (await create_key(projection.sessions, "acme", "alice")).secret
+            key = (await projection.store.keys.create("acme", "alice")).secret
             clients = [
                 httpx.AsyncClient(
                     base_url=f"http://127.0.0.1:{port}",

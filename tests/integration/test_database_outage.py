@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from projections.keys import create_key
 from promptjobs.runtime import open_projection
 from promptjobs.settings import Settings
 from tests.conftest import eventually, free_port, make_settings
@@ -33,7 +32,7 @@ JOBS = 10
 
 async def api_key(settings: Settings) -> str:
     async with open_projection(settings) as projection:
-        return (await create_key(projection.sessions, "acme", "alice")).secret
+        return (await projection.store.keys.create("acme", "alice")).secret
 
 
 async def all_jobs(http: httpx.AsyncClient, ids: list[str]) -> list[dict[str, Any]]:

@@ -20,7 +20,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from projections.db import WriteTx
 from projections.event_log import append_event, utcnow
-from projections.keys import create_key
 from projections.models import ApiKey
 from projections.projector import current
 from projections.scope import Scope
@@ -256,7 +255,7 @@ async def test_revoking_a_key_ends_its_open_streams_within_seconds(
     async with stack_with(
         dev_server, database_url, tmp_path, sse_key_check_s=0.5, api_key_cache_ttl_s=0
     ) as stack:
-        issued = await create_key(stack.projection.sessions, "acme", "bob", "admin")
+        issued = await stack.projection.store.keys.create("acme", "bob", "admin")
         bob = stack.as_user(issued.secret)
         try:
             async with sse(bob) as revoked, sse(stack.http) as kept:

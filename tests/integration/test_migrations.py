@@ -83,7 +83,6 @@ async def test_event_ids_are_never_reused_after_the_newest_events_are_archived(
     from datetime import UTC, datetime, timedelta
 
     from projections.lifecycle import JobState
-    from projections.operations import archive
     from projections.projector import Transition
     from projections.scope import Scope
     from projections.writes import Submission
@@ -96,7 +95,9 @@ async def test_event_ids_are_never_reused_after_the_newest_events_are_archived(
         job = (await store.submit(alice, Submission("old", 50, 3, {}))).job
         await projection.projector.apply(Transition(job.job_id, JobState.CANCELLED))
         cursor = await store.latest_event_id()
-        archived = await archive(projection.sessions, before=datetime.now(UTC) + timedelta(1))
+        archived = await projection.store.operations.archive(
+            before=datetime.now(UTC) + timedelta(1)
+        )
         assert archived.events >= 2 and await store.latest_event_id() < cursor
         fresh = (await store.submit(alice, Submission("new", 50, 3, {}))).job
         assert [e.job_id for e in await store.events_since(alice, cursor, 10)] == [fresh.job_id]

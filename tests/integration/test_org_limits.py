@@ -16,7 +16,6 @@ from sqlalchemy import update
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from projections.admission import set_org_limit, slot_waiters
 from projections.lifecycle import JobState
 from projections.models import Job
 from projections.scope import Scope
@@ -186,7 +185,7 @@ async def test_an_orgs_limit_is_read_by_every_worker_at_each_admission(
     """An org's own limit of 0 is none at all, whatever the default."""
     settings = make_settings(tmp_path, org_max_running=1)
     async with running_stack(settings, dev_server.client) as stack:
-        await set_org_limit(stack.projection.sessions, "acme", 0)
+        await stack.projection.store.orgs.set_limit("acme", 0)
         jobs = [await submit(stack.http, f"p{i}", 800) for i in range(4)]
         done = [await stack.settled(job_id, timeout=30) for job_id in jobs]
         assert [row["state"] for row in done] == ["succeeded"] * 4
@@ -232,6 +231,6 @@ async def test_an_org_full_of_urgent_waiters_does_not_hide_another_orgs_waiter(
     crowd = [await waiter("org-a", 0) for _ in range(8)]
     b = await waiter("org-b", 50)
 
-    woken = await slot_waiters(projection.sessions, default_limit=1, batch=5)
+    woken = await projection.store.orgs.slot_waiters(default_limit=1, batch=5)
     assert woken == [b]
     assert not set(woken) & set(crowd)

@@ -18,7 +18,6 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from activities.contracts import ArchiveExpired
-from projections import operations
 from services.retention import schedule_id
 from tests.conftest import Stack, eventually, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
@@ -102,8 +101,8 @@ async def test_archive_in_batches_removes_the_same_as_at_once(stack: Stack, batc
         await stack.settled(job_id)
     removed = 0
     while True:
-        done = await operations.archive(
-            stack.projection.sessions, before=datetime.now(UTC) + timedelta(seconds=1), batch=batch
+        done = await stack.projection.store.operations.archive(
+            before=datetime.now(UTC) + timedelta(seconds=1), batch=batch
         )
         removed += done.jobs
         if done.jobs < batch:

@@ -10,7 +10,6 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from projections.keys import create_key
 from projections.lifecycle import EventType
 from projections.scope import Scope
 from promptjobs.runtime import open_projection
@@ -120,7 +119,7 @@ async def test_sigterm_to_the_api_ends_sse_streams_and_exits(
     with promptjobs_process("api", env, tmp_path / "procs") as api:
         await api.ready()
         async with open_projection(settings) as projection:
-            key = (await create_key(projection.sessions, "acme", "alice")).secret
+            key = (await projection.store.keys.create("acme", "alice")).secret
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{settings.api_port}",
             headers={"Authorization": f"Bearer {key}"},

@@ -7,7 +7,6 @@ from sqlalchemy import update
 
 from projections.db import transaction
 from projections.errors import NotFound
-from projections.keys import authenticate, create_key
 from projections.models import ApiKey
 from projections.scope import Scope
 from projections.writes import Submission
@@ -26,10 +25,10 @@ async def test_operator_sees_every_org_and_admins_only_their_own(projection: Pro
 
 async def test_no_api_key_can_be_an_operator(projection: Projection) -> None:
     with pytest.raises(ValueError):
-        await create_key(projection.sessions, "acme", "mallory", "operator")
-    issued = await create_key(projection.sessions, "acme", "mallory", "admin")
+        await projection.store.keys.create("acme", "mallory", "operator")
+    issued = await projection.store.keys.create("acme", "mallory", "admin")
     async with transaction(projection.sessions) as session:
         await session.execute(
             update(ApiKey).where(ApiKey.key_id == issued.key_id).values(role="operator")
         )
-    assert await authenticate(projection.sessions, issued.secret) is None
+    assert await projection.store.keys.authenticate(issued.secret) is None
