@@ -93,7 +93,8 @@ def ms(seconds: float) -> str:
 @dataclass(frozen=True)
 class Args:
     """A benchmark's arguments, in any order: a count; `postgresql` (the projection there,
-    not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`);
+    not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`
+    ran them before its worker had a process of its own; `bench.dev_latency` measures `dev`);
     `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`)."""
 
     count: int
