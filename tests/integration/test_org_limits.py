@@ -166,16 +166,23 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
 async def test_the_ceiling_covers_the_wait_for_a_slot(
     dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    # One slot, jobs of 1.5 s, a ceiling of 8 s: the eighth job cannot be admitted before
-    # 10.5 s have passed, whatever the machine's speed.
+    # One slot, jobs of 1.5 s, a ceiling of 8 s: 12 s of work cannot all be admitted in
+    # time, whatever the machine's speed, so some jobs end stuck without ever starting.
+    # (Which ones depends on the order their workflows first asked for the slot, not on
+    # the order they were submitted in.)
     settings = make_settings(tmp_path, org_max_running=1, job_ceiling_s=8.0)
     async with running_stack(settings, dev_server.client) as stack:
         jobs = [await submit(stack.http, f"p{i}", 1500) for i in range(8)]
         done = [await stack.settled(job_id, timeout=40) for job_id in jobs]
         assert done[0]["state"] == "succeeded", done[0]
-        last = done[-1]
-        assert (last["state"], last["error_kind"], last["attempt"]) == ("failed", "stuck", 0)
-        assert "while waiting: org acme has 1 of its 1 jobs running" in last["error_message"]
+        never_admitted = [
+            job
+            for job in done
+            if (job["state"], job["error_kind"], job["attempt"]) == ("failed", "stuck", 0)
+        ]
+        assert never_admitted, done
+        for job in never_admitted:
+            assert "while waiting: org acme has 1 of its 1 jobs running" in job["error_message"]
         assert most_at_once(done) == 1
 
 
