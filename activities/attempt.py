@@ -43,8 +43,8 @@ from activities.output import AttemptStream, OutputStreams
 from activities.prices import PriceTable
 from projections import metrics
 from projections.chain_store import ChainStore
-from projections.chains import substitute
-from projections.lifecycle import (
+from projections.domain.chains import substitute
+from projections.domain.lifecycle import (
     AttemptResult,
     BackoffPolicy,
     End,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from projections.lifecycle import AttemptResult, ErrorKind, JobState
+from projections.domain.lifecycle import AttemptResult, ErrorKind, JobState
 
 
 @dataclass

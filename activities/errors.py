@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from projections.lifecycle import ErrorKind
+from projections.domain.lifecycle import ErrorKind
 
 
 class AdapterError(Exception):

@@ -31,8 +31,8 @@ from activities.outages import through_outages
 from activities.output import OutputStreams
 from activities.prices import PriceTable
 from projections.chain_store import ChainStore
+from projections.domain.lifecycle import BackoffPolicy, JobState
 from projections.ids import response_id_for
-from projections.lifecycle import BackoffPolicy, JobState
 from projections.projector import Projector, Transition
 from projections.streams import AttemptUsage, OutputBatch
 

@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from activities.adapters.base import StreamedOutput
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 from projections.models import Job
 from projections.streams import OutputBatch, OutputWritten
 

@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sse_starlette import ServerSentEvent
 
 from api.schemas import JobOut, OutputChunk, OutputReset
-from projections.lifecycle import EventType
+from projections.domain.lifecycle import EventType
 from projections.models import JobEvent
 from projections.rows import listed
 from projections.scope import Scope

@@ -19,8 +19,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, PromptOptions
-from projections.chains import MAX_PARENTS
-from projections.lifecycle import JobState
+from projections.domain.chains import MAX_PARENTS
+from projections.domain.lifecycle import JobState
 from projections.models import Job, Prompt, Response
 from projections.rows import JobRow, Timestamp, listed
 from projections.writes import RetryChanges

@@ -17,7 +17,7 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 from bench.harness import Report, bench_settings, pg_database, scratch
-from projections.lifecycle import AttemptResult, ErrorKind, JobState
+from projections.domain.lifecycle import AttemptResult, ErrorKind, JobState
 from projections.projector import Transition
 from projections.scope import Scope
 from projections.writes import Submission

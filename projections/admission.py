@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import Prepared, WriteTx
-from projections.lifecycle import UNSETTLED, JobState
+from projections.domain.lifecycle import UNSETTLED, JobState
 from projections.models import ApiKey, Base, Job, OrgLimit
 
 JOBS = Base.metadata.tables[Job.__tablename__]

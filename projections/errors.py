@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 
 
 def database_unavailable(err: BaseException) -> bool:

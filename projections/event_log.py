@@ -11,7 +11,7 @@ from sqlalchemy import insert
 
 from projections import metrics
 from projections.db import Prepared, WriteTx
-from projections.lifecycle import EventType, JobState
+from projections.domain.lifecycle import EventType, JobState
 from projections.metrics import transition_labels
 from projections.models import Base, Job, JobEvent
 from projections.rows import job_row

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 
 
 class UsageRecord(Protocol):

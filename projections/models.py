@@ -26,7 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from projections.lifecycle import ErrorKind, JobState
+from projections.domain.lifecycle import ErrorKind, JobState
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

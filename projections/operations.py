@@ -14,7 +14,7 @@ from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import transaction
-from projections.lifecycle import TERMINAL, ErrorKind, JobState
+from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
 from projections.models import (
     Attempt,
     Job,

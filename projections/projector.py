@@ -20,8 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections.admission import Waiting, admit
 from projections.chain_store import waiting_children_query
 from projections.db import GroupCommit, WriteTx
-from projections.event_log import append_event, prepared, utcnow
-from projections.lifecycle import (
+from projections.domain.lifecycle import (
     AttemptResult,
     ErrorKind,
     EventType,
@@ -30,6 +29,7 @@ from projections.lifecycle import (
     progress_rank,
     sources_of,
 )
+from projections.event_log import append_event, prepared, utcnow
 from projections.models import Base, Job, Prompt, Response
 from projections.streams import (
     AttemptUsage,

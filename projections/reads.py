@@ -14,8 +14,8 @@ from sqlalchemy.orm import InstrumentedAttribute, aliased, defer
 from sqlalchemy.orm.attributes import set_committed_value
 
 from projections.db import VisibleHorizon
+from projections.domain.lifecycle import EventType, JobState
 from projections.event_log import utcnow
-from projections.lifecycle import EventType, JobState
 from projections.models import (
     Attempt,
     Job,

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
-from projections.lifecycle import ErrorKind, JobState
+from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Job
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.lifecycle import UNSETTLED, JobState
+from projections.domain.lifecycle import UNSETTLED, JobState
 from projections.models import Job
 
 

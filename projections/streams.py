@@ -16,8 +16,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from projections.db import WriteTx
+from projections.domain.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.event_log import append_event, log_event, log_events, prepared
-from projections.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.models import Attempt, Base, Job, JobOutput
 from projections.rows import job_row
 

@@ -17,9 +17,9 @@ import typer
 
 from activities.adapters.base import InvalidOptions
 from projections import operations
+from projections.domain.lifecycle import JobState
 from projections.errors import InvalidState, NotFound, RetryLimit
 from projections.event_log import utcnow
-from projections.lifecycle import JobState
 from projections.models import Job, JobEvent, WorkerProcess
 from projections.scope import Scope
 from promptjobs.console import (

@@ -20,8 +20,8 @@ from rich.table import Table
 from rich.text import Text
 
 from api.schemas import RetryJob
+from projections.domain.lifecycle import JobState
 from projections.event_log import utcnow
-from projections.lifecycle import JobState
 from projections.models import Job
 from projections.rows import JobRow
 from projections.writes import RetryChanges

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from projections.lifecycle import BackoffPolicy
+from projections.domain.lifecycle import BackoffPolicy
 
 
 class Settings(BaseSettings):

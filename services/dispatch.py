@@ -23,7 +23,7 @@ from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReus
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from projections.lifecycle import ErrorKind, JobState
+from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
 from projections.store import JobStore

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
-from projections.lifecycle import ErrorKind, JobState
+from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
 from services.gone import GONE, unless_gone

@@ -221,7 +221,7 @@ class Stack:
         return body
 
     async def settled(self, job_id: str, timeout: float = 20.0) -> dict[str, Any]:
-        from projections.lifecycle import JobState
+        from projections.domain.lifecycle import JobState
 
         return await eventually(
             lambda: self.job(job_id), lambda j: JobState(j["state"]).is_terminal, timeout=timeout

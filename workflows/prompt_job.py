@@ -42,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
         SettleResult,
     )
     from activities.job_activities import JobActivities
-    from projections.lifecycle import (
+    from projections.domain.lifecycle import (
         NON_RETRYABLE_TYPES,
         TIMEOUT_KINDS,
         ErrorKind,
@@ -328,7 +328,7 @@ def job_failure(kind: ErrorKind, message: str) -> ApplicationError:
 
 
 def failure_of(err: ActivityError) -> tuple[ErrorKind, str]:
-    """The error kind of an adapter call that Temporal gave up on (projections/lifecycle.py
+    """The error kind of an adapter call that Temporal gave up on (projections/domain/lifecycle.py
     says which timeout is which kind)."""
     cause = err.cause
     if isinstance(cause, ApplicationError) and (kind := kind_of_error_type(cause.type)):

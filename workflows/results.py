@@ -13,7 +13,7 @@ from typing import Any
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
-from projections.lifecycle import JobState, kind_of_error_type
+from projections.domain.lifecycle import JobState, kind_of_error_type
 from workflows.contracts import PromptJobResult
 
 

@@ -23,7 +23,7 @@ from activities.adapters.chat import (
     transport_failure,
 )
 from activities.errors import AdapterError
-from projections.lifecycle import AttemptResult, ErrorKind
+from projections.domain.lifecycle import AttemptResult, ErrorKind
 
 # The SDK's failures that carry no HTTP status, most specific first (a timeout is also a
 # connection error).

@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from projections.lifecycle import AttemptResult
+from projections.domain.lifecycle import AttemptResult
 
 M = TypeVar("M", bound=BaseModel)
 

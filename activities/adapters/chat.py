@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr, ValidationError, field_validator
 from activities.adapters.base import InvalidOptions, StreamedOutput, parse_options
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
-from projections.lifecycle import AttemptResult, ErrorKind
+from projections.domain.lifecycle import AttemptResult, ErrorKind
 
 A = TypeVar("A", bound=BaseModel)
 

@@ -11,7 +11,7 @@ from typing import Any
 from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput, parse_options
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
-from projections.lifecycle import AttemptResult, ErrorKind
+from projections.domain.lifecycle import AttemptResult, ErrorKind
 
 
 def fake_output(prompt: str) -> str:

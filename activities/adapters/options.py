@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 from pydantic_core import PydanticCustomError
 
-from projections.lifecycle import ErrorKind
+from projections.domain.lifecycle import ErrorKind
 
 # PostgreSQL text cannot hold NUL; refuse it at the door instead of failing at the INSERT.
 NO_NUL = r"^[^\x00]*$"

@@ -15,7 +15,7 @@ from api.changes import StreamLimit, StreamScope, frame
 from api.deps import ServicesDep, StreamCaller
 from api.problems import Problem, problem_responses
 from api.routes.jobs import CURSOR_PATTERN
-from projections.lifecycle import EventType
+from projections.domain.lifecycle import EventType
 
 router = APIRouter(prefix="/v1/events", tags=["events"])
 

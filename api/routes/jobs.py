@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Query, Response, status
 from api.deps import Caller, JsonBody, ServicesDep
 from api.problems import problem_responses
 from api.schemas import AttemptList, AttemptOut, JobList, JobOut, OutputOut, RetryJob
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

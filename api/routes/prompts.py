@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 from api.deps import Caller, JsonBody, ServicesDep
 from api.problems import Problem, problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
-from projections.chains import UnknownPlaceholder, check_placeholders
+from projections.domain.chains import UnknownPlaceholder, check_placeholders
 from projections.models import Prompt
 from projections.writes import Submission
 

@@ -7,7 +7,7 @@ import { notice, state } from "./state.js";
 export const IN_FLIGHT = new Set(["queued", "running"]);
 // As the API allows: a settled job that has not been replaced yet.
 export const RETRYABLE = new Set(["succeeded", "failed", "cancelled"]);
-// As projections/lifecycle.py's OUTPUT_STATES: the current attempt's text may still grow
+// As projections/domain/lifecycle.py's OUTPUT_STATES: the current attempt's text may still grow
 // (running, or the last batch of a call cut by a cancel or a failure, landing just after).
 const OUTPUT_STATES = new Set(["running", "cancelled", "failed"]);
 

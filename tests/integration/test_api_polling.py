@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 from projections.reads import changed_since_query, events_query
 from projections.scope import Scope
 from promptjobs.runtime import Projection

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 from tests.conftest import Stack, eventually
 from tests.integration.event_stream import all_terminal, read_events
 

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from temporalio.testing import WorkflowEnvironment
 
-from projections.lifecycle import EventType, JobState, is_allowed
+from projections.domain.lifecycle import EventType, JobState, is_allowed
 from projections.models import Job, JobEvent
 from promptjobs.runtime import open_projection
 from tests.conftest import eventually, free_port, make_settings

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from activities.adapters.fake import fake_output
-from projections.lifecycle import EventType
+from projections.domain.lifecycle import EventType
 from tests.conftest import Stack
 
 

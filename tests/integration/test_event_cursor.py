@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from projections.db import GroupCommit, SyncWriter, WriteTx
-from projections.lifecycle import ErrorKind, JobState
+from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import JobEvent
 from projections.projector import Transition, transition, utcnow
 from projections.scope import Scope

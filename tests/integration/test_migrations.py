@@ -82,7 +82,7 @@ async def test_event_ids_are_never_reused_after_the_newest_events_are_archived(
     """A client holding cursor N must see the next event: ids only ever grow (issue 22.5)."""
     from datetime import UTC, datetime, timedelta
 
-    from projections.lifecycle import JobState
+    from projections.domain.lifecycle import JobState
     from projections.projector import Transition
     from projections.scope import Scope
     from projections.writes import Submission

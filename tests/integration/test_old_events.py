@@ -17,7 +17,7 @@ from sqlalchemy import MetaData, create_engine, insert
 from temporalio.testing import WorkflowEnvironment
 
 from projections.db import alembic_config, sync_url
-from projections.lifecycle import EventType, JobState
+from projections.domain.lifecycle import EventType, JobState
 from tests.conftest import make_settings, running_stack
 from tests.integration.event_stream import all_terminal, read_events
 

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
 from activities.adapters.fake import fake_output
-from projections.lifecycle import EventType
+from projections.domain.lifecycle import EventType
 from projections.scope import Scope
 from promptjobs.cli import app
 from tests.conftest import (

@@ -16,7 +16,7 @@ from sqlalchemy import update
 from temporalio.testing import WorkflowEnvironment
 from typer.testing import CliRunner
 
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 from projections.models import Job
 from projections.scope import Scope
 from projections.writes import Submission

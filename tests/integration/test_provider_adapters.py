@@ -14,7 +14,7 @@ import pytest
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
 from activities.errors import AdapterError
-from projections.lifecycle import AttemptResult, ErrorKind
+from projections.domain.lifecycle import AttemptResult, ErrorKind
 from promptjobs.runtime import build_adapters
 from tests.conftest import MockProviderServer, eventually, free_port, provider_settings
 

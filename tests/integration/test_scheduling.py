@@ -12,7 +12,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 from projections.models import Job
 from projections.scope import Scope
 from promptjobs.settings import Settings

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from projections.lifecycle import EventType
+from projections.domain.lifecycle import EventType
 from projections.scope import Scope
 from promptjobs.runtime import open_projection
 from tests.conftest import Stack, eventually, free_port, make_settings, running_stack

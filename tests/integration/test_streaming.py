@@ -16,7 +16,7 @@ from httpx_sse import aconnect_sse
 from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_chunks, fake_output
-from projections.lifecycle import EventType, JobState
+from projections.domain.lifecycle import EventType, JobState
 from tests.conftest import Stack, eventually, make_settings, running_stack
 
 Event = tuple[int, str, dict[str, Any]]  # id, type, data

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from projections.lifecycle import EventType
+from projections.domain.lifecycle import EventType
 from projections.scope import Scope
 from tests.conftest import (
     MockProviderServer,

@@ -150,7 +150,7 @@ async def chain_stuck_waiting(stack: Stack, _env: WorkflowEnvironment) -> str:
 async def restarted(stack: Stack, _env: WorkflowEnvironment) -> str:
     """A job whose first workflow was lost after one failed attempt, started again (as the
     reconciler does): the new workflow continues the attempt count."""
-    from projections.lifecycle import ErrorKind, JobState
+    from projections.domain.lifecycle import ErrorKind, JobState
     from projections.projector import Transition
     from projections.scope import Scope
     from projections.writes import Submission
@@ -177,7 +177,7 @@ async def restarted(stack: Stack, _env: WorkflowEnvironment) -> str:
 
 async def closed_failed(stack: Stack, _env: WorkflowEnvironment) -> str:
     """The row was failed (`stuck`, by the reconciler) before the workflow's attempt ran."""
-    from projections.lifecycle import ErrorKind, JobState
+    from projections.domain.lifecycle import ErrorKind, JobState
     from projections.projector import Transition
 
     at = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()

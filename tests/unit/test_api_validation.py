@@ -17,7 +17,7 @@ from api.openapi import exact_openapi
 from api.problems import CURSOR_HINT, PROBLEM_JSON, validation_problem
 from api.routes import events, health, jobs, prompts, responses
 from api.schemas import USAGE_FIELDS, ResponseOut, SubmitPrompt
-from projections.lifecycle import AttemptResult, JobState
+from projections.domain.lifecycle import AttemptResult, JobState
 from projections.models import JobEvent, Response
 from tests.conftest import eventually
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from projections.lifecycle import BackoffPolicy, ErrorKind
+from projections.domain.lifecycle import BackoffPolicy, ErrorKind
 
 POLICY = BackoffPolicy()
 

@@ -17,7 +17,7 @@ from activities.adapters.fake import FakeAdapter
 from api import schemas as api_schemas
 from api.openapi import exact_openapi
 from api.routes import events, health, jobs, prompts, responses
-from projections.lifecycle import EventType, JobState
+from projections.domain.lifecycle import EventType, JobState
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from projections.db import GroupCommit, WriteTx
-from projections.lifecycle import JobState
+from projections.domain.lifecycle import JobState
 from projections.projector import Transition
 from projections.scope import Scope
 from projections.writes import Submission

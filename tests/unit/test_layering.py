@@ -61,3 +61,20 @@ def test_no_package_imports_one_above_it() -> None:
         and not (layer == "promptjobs" and package == "api")
     ]
     assert upward == []
+
+
+def test_the_pure_domain_imports_no_storage_and_nothing_else_of_ours() -> None:
+    """projections/domain/: the lifecycle and the chains' placeholders decide for every
+    layer, the workflow's sandbox included; they import the standard library and each other."""
+    allowed_ours = {"projections"}
+    for path in (ROOT / "projections" / "domain").rglob("*.py"):
+        imported = imported_packages(path)
+        assert imported & set(LAYERS) <= allowed_ours, (path.name, imported)
+        third_party = (
+            {name for name in imported if name not in sys.stdlib_module_names}
+            - allowed_ours
+            - {"__future__"}
+        )
+        assert third_party == set(), (path.name, third_party)
+        text = path.read_text()
+        assert "from projections." not in text.replace("from projections.domain", ""), path.name

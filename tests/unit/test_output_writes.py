@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from projections.lifecycle import EventType, JobState
+from projections.domain.lifecycle import EventType, JobState
 from projections.projector import Transition
 from projections.scope import Scope
 from projections.streams import AttemptUsage, OutputBatch

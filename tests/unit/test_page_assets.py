@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.routes import page
 from api.routes.page import ASSETS, STATIC
-from projections.lifecycle import OUTPUT_STATES, JobState
+from projections.domain.lifecycle import OUTPUT_STATES, JobState
 
 # `import { a, b } from "./x.js";` — the only form the page's modules use.
 IMPORT = re.compile(r'^import\s[^;]*?\sfrom\s"\./([^"]+)";', re.MULTILINE)
@@ -58,7 +58,7 @@ def test_scripts_are_served_as_javascript() -> None:
 
 
 def test_the_pages_state_sets_are_the_lifecycles() -> None:
-    """The page spells three sets of states in JavaScript; each is lifecycle.py's."""
+    """The page spells three sets of states in JavaScript; each is the lifecycle's."""
     source = (STATIC / "jobs.js").read_text()
 
     def spelt(name: str) -> set[str]:

@@ -9,15 +9,15 @@ import pytest
 from sqlalchemy import func, select, update
 
 from projections.db import transaction
-from projections.errors import InvalidState
-from projections.ids import response_id_for
-from projections.lifecycle import (
+from projections.domain.lifecycle import (
     ALLOWED_TRANSITIONS,
     AttemptResult,
     ErrorKind,
     JobState,
     is_allowed,
 )
+from projections.errors import InvalidState
+from projections.ids import response_id_for
 from projections.models import Job, Response
 from projections.projector import Transition
 from projections.scope import Scope

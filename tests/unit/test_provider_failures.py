@@ -14,7 +14,7 @@ from activities.adapters import anthropic_messages, openai_compat
 from activities.adapters.base import InvalidOptions, StreamedOutput
 from activities.adapters.chat import StreamedAnswer, read_event, retry_after_s, status_kind
 from activities.errors import AdapterError
-from projections.lifecycle import ErrorKind
+from projections.domain.lifecycle import ErrorKind
 from promptjobs.runtime import build_adapters
 from promptjobs.settings import Settings
 

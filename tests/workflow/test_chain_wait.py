@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from activities.adapters.fake import fake_output
-from projections.lifecycle import ErrorKind, JobState
+from projections.domain.lifecycle import ErrorKind, JobState
 from tests.workflow.conftest import OWNER, Harness
 
 

@@ -14,7 +14,7 @@ down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# As projections/lifecycle.py spelled them when this migration was written; a later change of
+# As projections/domain/lifecycle.py spelled them when this migration was written; a later change of
 # the lifecycle's words comes with a migration of its own.
 STATES = "'queued', 'running', 'succeeded', 'failed', 'cancelled', 'superseded'"
 ERROR_KINDS = (
