@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from opentelemetry import trace
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
@@ -42,7 +41,6 @@ from activities.outages import through_outages
 from activities.output import AttemptStream, OutputStreams
 from activities.prices import PriceTable
 from projections import metrics
-from projections.chain_store import ChainStore
 from projections.domain.chains import substitute
 from projections.domain.lifecycle import (
     AttemptResult,
@@ -55,6 +53,7 @@ from projections.domain.lifecycle import (
 )
 from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
+from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
 TRACER = trace.get_tracer("promptjobs.activities")
@@ -72,15 +71,17 @@ def estimate_tokens(text: str) -> int:
 class AttemptTools:
     """What every attempt of this worker uses, given once (tests hand in their own)."""
 
-    sessions: async_sessionmaker[AsyncSession]
-    chains: ChainStore
-    projector: Projector
+    store: JobStore
     adapters: AdapterRegistry
     backoff: BackoffPolicy
     streams: OutputStreams
     prices: PriceTable
     worker: str
     metrics_org_labels: bool = False
+
+    @property
+    def projector(self) -> Projector:
+        return self.store.projector
 
     async def end_attempt(self, tail: OutputBatch | None, usage: AttemptUsage) -> None:
         """An attempt ended without a transition of its own: keep its text and usage."""
@@ -92,15 +93,7 @@ class AttemptTools:
         metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
 
     async def load(self, job_id: str) -> tuple[Job, Prompt]:
-        return await through_outages("load job", lambda: self._read(job_id))
-
-    async def _read(self, job_id: str) -> tuple[Job, Prompt]:
-        async with self.sessions() as session:
-            job = await session.get(Job, job_id)
-            assert job is not None, job_id
-            prompt = await session.get(Prompt, job.prompt_id)
-            assert prompt is not None, job.prompt_id
-            return job, prompt
+        return await through_outages("load job", lambda: self.store.job_and_prompt(job_id))
 
 
 @dataclass(frozen=True)
@@ -258,7 +251,7 @@ class Attempt:
         text = self.prompt.text
         if self.prompt.after:
             # A chain's child runs with its parents' answers in place of the placeholders.
-            answers = await self.tools.chains.parent_answers(self.prompt.after)
+            answers = await self.tools.store.chains.parent_answers(self.prompt.after)
             text = substitute(text, self.prompt.after, answers)
         return AdapterRequest(
             job_id=self.job.job_id,

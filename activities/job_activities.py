@@ -8,7 +8,6 @@ import socket
 from dataclasses import replace
 from datetime import timedelta
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
@@ -33,7 +32,8 @@ from activities.prices import PriceTable
 from projections.chain_store import ChainStore
 from projections.domain.lifecycle import BackoffPolicy, JobState
 from projections.ids import response_id_for
-from projections.projector import Projector, Transition
+from projections.projector import Transition
+from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
 
@@ -44,8 +44,7 @@ def worker_identity() -> str:
 class JobActivities:
     def __init__(
         self,
-        sessions: async_sessionmaker[AsyncSession],
-        projector: Projector,
+        store: JobStore,
         adapters: AdapterRegistry,
         backoff: BackoffPolicy,
         worker: str | None = None,
@@ -55,16 +54,15 @@ class JobActivities:
         prices: PriceTable | None = None,
         metrics_org_labels: bool = False,
     ) -> None:
-        self.sessions = sessions
-        self.projector = projector
+        self.store = store
+        self.projector = store.projector
         self.worker = worker or worker_identity()
         self.tools = AttemptTools(
-            sessions=sessions,
-            chains=ChainStore(sessions),
-            projector=projector,
+            store=store,
             adapters=adapters,
             backoff=backoff,
-            streams=streams or OutputStreams(projector.append_outputs, sessions),
+            streams=streams
+            or OutputStreams(store.projector.append_outputs, store.attempts_standing),
             prices=prices or PriceTable.load(None),
             worker=self.worker,
             metrics_org_labels=metrics_org_labels,
@@ -134,7 +132,7 @@ class JobActivities:
     async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
         job, _prompt = await self.tools.load(job_id)
         # The attempt that committed may have died before it woke the chain's children.
-        await wake_children(self.tools.chains, job.prompt_id)
+        await wake_children(self.store.chains, job.prompt_id)
         settled = SettleResult(False, job.state, job.response_id)
         return AdapterOutcome(text="", provider="", model="", attempt=attempt, settled=settled)
 
@@ -168,7 +166,7 @@ class JobActivities:
     @activity.defn(name="check_parents")
     async def check_parents(self, check: CheckParents) -> ParentsCheck:
         """A chain's child: which parents have not succeeded yet (recorded on its row)."""
-        state = await self.tools.chains.check_parents(check.job_id)
+        state = await self.store.chains.check_parents(check.job_id)
         return ParentsCheck(state.waiting_on, state.detail)
 
     @activity.defn(name="settle_job")

@@ -15,24 +15,20 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from activities.adapters.base import StreamedOutput
 from projections.domain.lifecycle import JobState
-from projections.models import Job
+from projections.reads import AttemptStanding
 from projections.streams import OutputBatch, OutputWritten
 
 log = logging.getLogger("promptjobs.worker")
 
-# Job ids per watch query (an IN list of this many at most).
-WATCH_CHUNK = 500
-
 AppendOutputs = Callable[[list[OutputBatch]], Awaitable[list[OutputWritten]]]
+ReadStandings = Callable[[list[str]], Awaitable[dict[str, AttemptStanding]]]
 
 
 @dataclass(eq=False)
@@ -74,14 +70,14 @@ class OutputStreams:
     def __init__(
         self,
         append: AppendOutputs,
-        sessions: async_sessionmaker[AsyncSession],
+        standings: ReadStandings,
         *,
         flush_s: float = 0.1,
         flush_chars: int = 4096,
         watch_s: float = 0.25,
     ) -> None:
         self._append = append
-        self._sessions = sessions
+        self._standings = standings
         self.flush_s = flush_s
         self.flush_chars = flush_chars
         self.watch_s = watch_s
@@ -200,7 +196,7 @@ class OutputStreams:
             if not streams:
                 continue
             try:
-                rows = await self._rows(s.job_id for s in streams)
+                rows = await self._standings([s.job_id for s in streams])
             except (SQLAlchemyError, OSError) as err:
                 # An outage: the calls go on (Temporal's cancellation still reaches them).
                 self._failed_watches += 1
@@ -216,23 +212,7 @@ class OutputStreams:
                 row = rows.get(stream.job_id)
                 if row is None:
                     continue
-                state, attempt, cancel_requested = row
-                if cancel_requested:
+                if row.cancel_requested:
                     stream.stop("a cancel was requested")
-                elif state is not JobState.RUNNING or attempt != stream.attempt:
-                    stream.stop(f"the job is {state.value} at attempt {attempt}")
-
-    async def _rows(self, job_ids: Iterable[str]) -> dict[str, tuple[JobState, int, bool]]:
-        ids = list(job_ids)
-        found: dict[str, tuple[JobState, int, bool]] = {}
-        async with self._sessions() as session:
-            for start in range(0, len(ids), WATCH_CHUNK):
-                chunk = ids[start : start + WATCH_CHUNK]
-                rows = await session.execute(
-                    select(Job.job_id, Job.state, Job.attempt, Job.cancel_requested_at).where(
-                        Job.job_id.in_(chunk)
-                    )
-                )
-                for job_id, state, attempt, cancel_at in rows.all():
-                    found[job_id] = (state, attempt, cancel_at is not None)
-        return found
+                elif row.state is not JobState.RUNNING or row.attempt != stream.attempt:
+                    stream.stop(f"the job is {row.state.value} at attempt {row.attempt}")

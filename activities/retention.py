@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from temporalio import activity
 
 from activities.contracts import ArchiveExpired, ArchiveReport
@@ -12,8 +11,8 @@ from projections.operations import Operations
 
 
 class RetentionActivities:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
-        self.sessions = sessions
+    def __init__(self, operations: Operations) -> None:
+        self.operations = operations
 
     @activity.defn(name="archive_expired")
     async def archive_expired(self, request: ArchiveExpired) -> ArchiveReport:
@@ -21,7 +20,7 @@ class RetentionActivities:
         transaction so that job writes interleave; a retried run resumes where one ended,
         since each batch is committed on its own."""
         before = datetime.now(UTC) - timedelta(days=request.retention_days)
-        done = await Operations(self.sessions).archive_in_batches(
+        done = await self.operations.archive_in_batches(
             before=before,
             batch=request.batch,
             progress=lambda so_far: activity.heartbeat(so_far.jobs),

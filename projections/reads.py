@@ -57,12 +57,50 @@ class Output:
     done: bool
 
 
+# Job ids per query of a worker's watch (an IN list of this many at most).
+WATCH_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class AttemptStanding:
+    """Where a job's current attempt stands, as a worker's watch reads it."""
+
+    state: JobState
+    attempt: int
+    cancel_requested: bool
+
+
 class JobReads:
     sessions: async_sessionmaker[AsyncSession]
 
     async def job(self, scope: Scope, job_id: str) -> Job:
         async with self.sessions() as session:
             return await get_visible(session, Job, "job", job_id, scope)
+
+    async def job_and_prompt(self, job_id: str) -> tuple[Job, Prompt]:
+        """A job and its prompt, whoever's they are: what a worker's attempt runs."""
+        async with self.sessions() as session:
+            job = await session.get(Job, job_id)
+            assert job is not None, job_id
+            prompt = await session.get(Prompt, job.prompt_id)
+            assert prompt is not None, job.prompt_id
+            return job, prompt
+
+    async def attempts_standing(self, job_ids: list[str]) -> dict[str, AttemptStanding]:
+        """Where each of these jobs' current attempt stands (a worker's watch of the calls
+        it runs: one query per WATCH_CHUNK jobs)."""
+        found: dict[str, AttemptStanding] = {}
+        async with self.sessions() as session:
+            for start in range(0, len(job_ids), WATCH_CHUNK):
+                chunk = job_ids[start : start + WATCH_CHUNK]
+                rows = await session.execute(
+                    select(Job.job_id, Job.state, Job.attempt, Job.cancel_requested_at).where(
+                        Job.job_id.in_(chunk)
+                    )
+                )
+                for job_id, state, attempt, cancel_at in rows.all():
+                    found[job_id] = AttemptStanding(state, attempt, cancel_at is not None)
+        return found
 
     async def output(self, scope: Scope, job_id: str, since: int) -> Output:
         """The text the job's current attempt has streamed, from character `since` on (from

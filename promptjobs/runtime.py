@@ -63,15 +63,14 @@ def build_worker(
     settings: Settings, client: Client, projection: Projection, adapters: AdapterRegistry
 ) -> Worker:
     activities = JobActivities(
-        projection.sessions,
-        projection.projector,
+        projection.store,
         adapters,
         settings.backoff,
         report_running_after_s=settings.worker_report_running_after_s,
         org_max_running=settings.org_max_running,
         streams=OutputStreams(
             projection.projector.append_outputs,
-            projection.sessions,
+            projection.store.attempts_standing,
             flush_s=settings.output_flush_ms / 1000,
             flush_chars=settings.output_flush_chars,
             watch_s=settings.cancel_watch_s,
@@ -88,7 +87,7 @@ def build_worker(
             activities.finalize_success,
             activities.settle_job,
             activities.check_parents,
-            RetentionActivities(projection.sessions).archive_expired,
+            RetentionActivities(projection.store.operations).archive_expired,
         ],
         max_concurrent_activities=settings.worker_max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.worker_max_concurrent_workflow_tasks,

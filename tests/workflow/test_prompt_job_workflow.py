@@ -280,8 +280,7 @@ async def test_an_attempt_retried_after_its_success_hands_back_the_settlement(
         first = await harness.run(job)
     states = await harness.states(job.job_id)
     activities = JobActivities(
-        harness.projection.sessions,
-        harness.projection.projector,
+        harness.projection.store,
         build_adapters(harness.settings),
         harness.settings.backoff,
     )
