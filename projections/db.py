@@ -236,6 +236,12 @@ STORE_HINT = (
 )
 
 
+def database_error(err: DBAPIError) -> str:
+    """What the database driver said, in one line (its first), for an error message."""
+    said = str(err.orig) if err.orig else str(err)
+    return (said.strip().splitlines() or [type(err).__name__])[0]
+
+
 def store_url(url: str) -> URL:
     """`url` parsed, if it names a store we can use (SQLite or PostgreSQL), else
     StoreUnavailable saying what a URL should look like."""
@@ -261,8 +267,9 @@ def migrate_store(url: str) -> None:
     try:
         migrate(url)
     except DBAPIError as err:
-        reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
-        raise StoreUnavailable(f"cannot use the database at {shown}: {reason}") from err
+        raise StoreUnavailable(
+            f"cannot use the database at {shown}: {database_error(err)}"
+        ) from err
     except OSError as err:
         raise StoreUnavailable(f"cannot use the database at {shown}: {err}") from err
 
@@ -286,8 +293,9 @@ def require_store(url: str) -> None:
         with engine.connect() as conn:
             found = inspect(conn).has_table("alembic_version")
     except DBAPIError as err:
-        reason = str(err.orig).strip().splitlines()[0] if err.orig else str(err)
-        raise StoreUnavailable(f"cannot use the database at {shown}: {reason}") from err
+        raise StoreUnavailable(
+            f"cannot use the database at {shown}: {database_error(err)}"
+        ) from err
     finally:
         engine.dispose()
     if not found:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from activities.prices import InvalidPrices
-from projections.db import StoreUnavailable
+from projections.db import StoreUnavailable, database_error
 from promptjobs import cli_jobs, cli_orgs
 from promptjobs.console import CliError, iso, run
 from promptjobs.launch import (
@@ -306,8 +306,7 @@ def main() -> None:
         code = 1
     except DBAPIError as err:
         # The database went away mid-command (it answered when the command began).
-        reason = (str(err.orig) if err.orig else str(err)).strip().splitlines()[0]
-        typer.echo(f"error: the database failed: {reason}", err=True)
+        typer.echo(f"error: the database failed: {database_error(err)}", err=True)
         code = 1
     except ValidationError as err:
         typer.echo(f"error: invalid configuration (PROMPTJOBS_* variables): {err}", err=True)
