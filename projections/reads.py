@@ -326,6 +326,7 @@ async def listed_jobs(
     the database nor held (`options_omitted` says so), so a page of jobs with 100 kB
     `system`s weighs what a page of ordinary ones does. With `with_row`, each job comes
     with the rest of its row: (job, *other columns)."""
+    # The stored JSON's length: rows.options_weight in SQL.
     size = func.length(sql_cast(options, Text))
     short: ColumnElement[Any] = type_coerce(
         case((size <= LISTED_OPTIONS_BYTES, options), else_=None), JSON

@@ -112,10 +112,17 @@ LISTED_OPTIONS_BYTES = 4096
 Row = TypeVar("Row", bound="JobRow")
 
 
+def options_weight(options: dict[str, Any]) -> int:
+    """The length of `options` as the projection stores them: SQLAlchemy's JSON type writes
+    `json.dumps` (ASCII, so characters are bytes), which the listing queries measure in SQL
+    (`reads.listed_jobs`). One measure, so a job is cut alike in a listing and an event."""
+    return len(json.dumps(options))
+
+
 def listed(row: Row) -> Row:
     """`row` as a listing or an event carries it: long options left out and flagged."""
     options = row.options
-    if not options or len(json.dumps(options, ensure_ascii=False).encode()) <= LISTED_OPTIONS_BYTES:
+    if not options or options_weight(options) <= LISTED_OPTIONS_BYTES:
         return row
     return row.model_copy(update={"options": None, "options_omitted": True})
 

@@ -68,3 +68,17 @@ async def test_a_page_of_long_prompts_ends_early_and_the_next_page_goes_on(stack
             lambda: http.get("/v1/prompts", params={"limit": "1"}),
             lambda r: json.loads(r.content)["prompts"][0]["jobs"][0]["options_omitted"],
         )
+
+
+async def test_a_listing_and_an_event_cut_the_same_options(stack: Stack) -> None:
+    """Measured alike (the stored JSON, in SQL for a listing, in Python for an event): 1,000
+    `é` are 2 kB of UTF-8 but 6 kB of stored JSON, and both leave them out."""
+    options = {"system": "é" * 1000, "fake": {"latency_ms": 0}}
+    job_id = (await stack.submit("accents", options=options))["job_id"]
+    await stack.settled(job_id)
+    listing = await stack.http.get("/v1/jobs", params={"since": "0", "limit": 500})
+    [row] = [row for row in listing.json()["jobs"] if row["job_id"] == job_id]
+    events = await read_events(stack.http, all_terminal({job_id}), params={"since": "0"})
+    streamed = [e.job for e in events if e.job_id == job_id]
+    assert row["options_omitted"] and all(e["options_omitted"] for e in streamed)
+    assert (await stack.job(job_id))["options"] == options
