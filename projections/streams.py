@@ -282,10 +282,14 @@ def run_is_over(tx: WriteTx, job: Job) -> bool:
     attempt is still ending (a cancelled call) and `record_attempt` logs the end."""
     if job.attempt == 0:
         return True
-    recorded = select(ATTEMPTS.c.attempt).where(
-        ATTEMPTS.c.job_id == job.job_id, ATTEMPTS.c.attempt == job.attempt
+    recorded = prepared(
+        tx,
+        ("attempt recorded",),
+        lambda: select(ATTEMPTS.c.attempt).where(
+            ATTEMPTS.c.job_id == bindparam("job_id"), ATTEMPTS.c.attempt == bindparam("attempt")
+        ),
     )
-    return tx.execute(recorded).first() is not None
+    return recorded.run(tx, {"job_id": job.job_id, "attempt": job.attempt}) is not None
 
 
 def log_done(tx: WriteTx, job: Job, now: datetime) -> None:
