@@ -128,9 +128,15 @@ def worker() -> None:
 def mock_provider(
     port: Annotated[int, typer.Option(help="Port to listen on")] = 9000,
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    rpm: Annotated[
+        int | None, typer.Option(min=1, help="Answer 429 past this many requests a minute")
+    ] = None,
+    tpm: Annotated[
+        int | None, typer.Option(min=1, help="Answer 429 past this many tokens a minute")
+    ] = None,
 ) -> None:
     """Run a scripted OpenAI- and Anthropic-compatible provider (docs/providers.md)."""
-    from promptjobs.mock_provider import run_mock_provider
+    from promptjobs.mock_provider import Limits, run_mock_provider
 
     ensure_port_free(host, port, "mock provider", "--port")
     url = f"http://{host}:{port}"
@@ -143,11 +149,20 @@ def mock_provider(
             '"model": "mock:fail=429,500;retry_after=2"}',
         ]
     )
+    if rpm or tpm:
+        limits = [f"{rpm} requests" if rpm else "", f"{tpm} tokens" if tpm else ""]
+        ready += f"\nrate limits: {' and '.join(filter(None, limits))} per sliding minute"
 
     async def serve_until_signal() -> None:
         stop = asyncio.Event()
         stop_on_signals(stop)
-        await run_mock_provider(host, port, stop=stop, on_ready=lambda: typer.echo(ready))
+        await run_mock_provider(
+            host,
+            port,
+            stop=stop,
+            on_ready=lambda: typer.echo(ready),
+            limits=Limits(rpm=rpm, tpm=tpm),
+        )
 
     run(serve_until_signal())
 

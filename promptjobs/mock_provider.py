@@ -6,6 +6,11 @@ the i-th step of `fail`, and every later one succeed. A step `reset@3` (or `500@
 fails a streamed answer after its third chunk; `chunk_ms` and `chunks` pace and lengthen a
 stream. `POST /mock/script` scripts the next requests whatever their prompt. `GET /mock/requests`
 lists what arrived (and, live, how far each stream got), `POST /mock/reset` forgets it all.
+
+Rate-limit mode (`--rpm N --tpm N`, or `PUT /mock/limits`): the mock keeps a sliding minute of
+the requests it let through and their tokens, answers 429 with `retry-after` past either limit,
+and sends OpenAI's `x-ratelimit-*` and Anthropic's `anthropic-ratelimit-*` headers on every
+answer, as the real APIs do.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import re
 import time
 import uuid
@@ -20,6 +26,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from itertools import cycle, islice
 from typing import Annotated, Any, Literal, Protocol
 
@@ -136,6 +143,132 @@ class ChatCall:
         return Script.parse(found.group(1)) if found else Script()
 
 
+# The window a per-minute limit counts over, as OpenAI and Anthropic count theirs.
+WINDOW_S = 60.0
+
+
+class Limits(BaseModel):
+    """The mock's rate limits: requests and tokens (input and output words, counted when the
+    request arrives) per sliding minute; None is no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(default=None, ge=1, description="Requests per sliding minute")
+    tpm: int | None = Field(default=None, ge=1, description="Tokens per sliding minute")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the sliding minute says of one request: let through or not, how long until it
+    would be (on a 429), and the rate-limit headers of the answer."""
+
+    allowed: bool
+    retry_after_s: float
+    headers: dict[str, str]
+
+
+class SlidingMinute:
+    """The requests let through in the last WINDOW_S, with their tokens, against `limits`."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        # (when, input tokens, output tokens) of each request let through, oldest first.
+        self.window: deque[tuple[float, int, int]] = deque()
+        self.requests = 0
+        self.rate_limited = 0
+
+    def admit(self, input_tokens: int, output_tokens: int) -> Verdict:
+        now = self.clock()
+        while self.window and self.window[0][0] <= now - WINDOW_S:
+            self.window.popleft()
+        self.requests += 1
+        rpm, tpm = self.limits.rpm, self.limits.tpm
+        tokens = input_tokens + output_tokens
+        wait = 0.0
+        if rpm is not None and len(self.window) >= rpm:
+            wait = self._until_room(now, lambda _entry: 1, rpm - 1)
+        if tpm is not None and self._used()[0] + tokens > tpm:
+            wait = max(wait, self._until_room(now, lambda e: e[1] + e[2], tpm - tokens))
+        allowed = wait == 0.0
+        if allowed:
+            self.window.append((now, input_tokens, output_tokens))
+        else:
+            self.rate_limited += 1
+        return Verdict(allowed, wait, self._headers(now))
+
+    def _used(self) -> tuple[int, int, int]:
+        used_in = sum(e[1] for e in self.window)
+        used_out = sum(e[2] for e in self.window)
+        return used_in + used_out, used_in, used_out
+
+    def _until_room(
+        self, now: float, weight: Callable[[tuple[float, int, int]], int], most: int
+    ) -> float:
+        """Seconds until what the window holds weighs at most `most` (forever: a request
+        larger than the whole limit, which the retry-after of a whole minute stands for)."""
+        if most < 0:
+            return WINDOW_S
+        held = sum(weight(e) for e in self.window)
+        for entry in self.window:
+            held -= weight(entry)
+            if held <= most:
+                break
+        else:
+            return WINDOW_S  # not reached: an empty window holds nothing
+        return max(entry[0] + WINDOW_S - now, 0.001)
+
+    def _headers(self, now: float) -> dict[str, str]:
+        """Both APIs' rate-limit headers: each limit, what is left of it, and when it is whole
+        again (the newest request leaves the window)."""
+        full_in = self.window[-1][0] + WINDOW_S - now if self.window else 0.0
+        rpm, tpm = self.limits.rpm, self.limits.tpm
+        used, used_in, used_out = self._used()
+        families = []
+        if rpm is not None:
+            families.append(("requests", rpm, rpm - len(self.window)))
+        if tpm is not None:
+            families.append(("tokens", tpm, tpm - used))
+        headers: dict[str, str] = {}
+        reset_at = (datetime.now(UTC) + timedelta(seconds=full_in)).isoformat(timespec="seconds")
+        for name, limit, left in families:
+            left = max(left, 0)
+            headers[f"x-ratelimit-limit-{name}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{name}"] = str(left)
+            headers[f"x-ratelimit-reset-{name}"] = openai_duration(full_in)
+            headers[f"anthropic-ratelimit-{name}-limit"] = str(limit)
+            headers[f"anthropic-ratelimit-{name}-remaining"] = str(left)
+            headers[f"anthropic-ratelimit-{name}-reset"] = reset_at.replace("+00:00", "Z")
+        if tpm is not None:
+            for name, spent in (("input-tokens", used_in), ("output-tokens", used_out)):
+                headers[f"anthropic-ratelimit-{name}-limit"] = str(tpm)
+                headers[f"anthropic-ratelimit-{name}-remaining"] = str(max(tpm - spent, 0))
+                headers[f"anthropic-ratelimit-{name}-reset"] = headers[
+                    "anthropic-ratelimit-tokens-reset"
+                ]
+        return headers
+
+    def describe(self) -> dict[str, Any]:
+        now = self.clock()
+        while self.window and self.window[0][0] <= now - WINDOW_S:
+            self.window.popleft()
+        return {
+            **self.limits.model_dump(),
+            "requests": self.requests,
+            "rate_limited": self.rate_limited,
+            "window": {"requests": len(self.window), "tokens": self._used()[0]},
+        }
+
+
+def openai_duration(seconds: float) -> str:
+    """A duration as OpenAI's reset headers spell it: `20ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{max(math.ceil(seconds * 1000), 0)}ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text
+
+
 class Queued(BaseModel):
     queued: int
 
@@ -143,7 +276,8 @@ class Queued(BaseModel):
 class MockProvider:
     """The mock's state: per-prompt request counts, the admin queue, the request log."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.minute = SlidingMinute(limits or Limits())
         # Requests per prompt key, the least recently seen forgotten past SEEN_KEYS: a mock
         # fed by a long soak of distinct prompts keeps a bounded memory (a forgotten key
         # starts its script over, which a soak never relies on).
@@ -153,6 +287,7 @@ class MockProvider:
         self.log: deque[dict[str, Any]] = deque(maxlen=10_000)
 
     def reset(self) -> None:
+        self.minute = SlidingMinute(self.minute.limits, self.minute.clock)
         self.seen.clear()
         self.queue.clear()
         self.log.clear()
@@ -187,10 +322,11 @@ async def run_mock_provider(
     *,
     stop: asyncio.Event,
     on_ready: Callable[[], None] | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Serve the mock provider until `stop`."""
     config = uvicorn.Config(
-        create_mock_app(),
+        create_mock_app(MockProvider(limits)),
         host=host,
         port=port,
         log_level="warning",
@@ -216,6 +352,25 @@ async def run_mock_provider(
         await task
 
 
+def _rate_limited_entry(api: Api, call: ChatCall) -> dict[str, Any]:
+    """The request log's line for a request the rate limit refused."""
+    return {
+        "api": api,
+        "model": call.model,
+        "prompt": _logged(call.prompt),
+        "system": None if call.system is None else _logged(call.system),
+        "max_tokens": call.max_tokens,
+        "temperature": call.temperature,
+        "attempt": None,
+        "step": 429,
+        "stream": call.stream,
+        "chunks": 0,
+        "first_chunk_at": None,
+        "disconnected_at": None,
+        "rate_limited": True,
+    }
+
+
 def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
     state = provider or MockProvider()
     app = FastAPI(title="promptjobs mock provider", version="1")
@@ -225,6 +380,23 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             return _error(api, 401, "missing API key")
         try:
             call = _read_call(api, await request.json())
+            reply = _reply(call, call.script())
+        except (ValueError, ValidationError) as err:
+            return _error(api, 400, f"mock provider cannot read this request: {err}")
+        verdict = state.minute.admit(reply.input_tokens, len(reply.words))
+        if not verdict.allowed:
+            # Refused before the script is consulted: the request does not count as one of
+            # its prompt's, as a provider's rate limit knows nothing of our scripts.
+            state.log.append(_rate_limited_entry(api, call))
+            wait = math.ceil(verdict.retry_after_s)
+            return _error(
+                api,
+                429,
+                f"mock provider: rate limit reached, {state.minute.limits.rpm} requests and "
+                f"{state.minute.limits.tpm} tokens per minute; try again in {wait} s",
+                {**verdict.headers, "retry-after": str(wait)},
+            )
+        try:
             attempt, plan = state.plan(call)
         except (ValueError, ValidationError) as err:
             return _error(api, 400, f"mock provider cannot read this request: {err}")
@@ -244,11 +416,17 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             # measures from here to the SSE client.
             "first_chunk_at": None,
             "disconnected_at": None,
+            "rate_limited": False,
         }
         state.log.append(entry)
         if plan.script.delay_ms:
             await asyncio.sleep(plan.script.delay_ms / 1000)
-        return await _answer(api, call, plan, request, entry)
+        answer = await _answer(api, call, plan, request, entry)
+        if isinstance(answer, EventStream):
+            answer.extra_headers = verdict.headers
+        else:
+            answer.headers.update(verdict.headers)
+        return answer
 
     @app.post("/v1/chat/completions", tags=["openai"])
     async def openai_chat(request: Request) -> Response:
@@ -266,6 +444,17 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
     @app.get("/mock/requests", tags=["admin"])
     async def requests() -> dict[str, list[dict[str, Any]]]:
         return {"requests": list(state.log)}
+
+    @app.get("/mock/limits", tags=["admin"])
+    async def limits() -> dict[str, Any]:
+        """The limits, the requests received and refused, and what the window holds now."""
+        return state.minute.describe()
+
+    @app.put("/mock/limits", tags=["admin"])
+    async def set_limits(limits: Limits) -> dict[str, Any]:
+        """New limits (null: none), counted from an empty window."""
+        state.minute = SlidingMinute(limits, state.minute.clock)
+        return state.minute.describe()
 
     @app.post("/mock/reset", tags=["admin"], status_code=204)
     async def reset() -> None:
@@ -653,6 +842,7 @@ class EventStream(Response):
         self.script = script
         self.cut = cut
         self.entry = entry
+        self.extra_headers: dict[str, str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.Event()
@@ -663,6 +853,7 @@ class EventStream(Response):
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"),
                 (wire.request_id_header, self.reply.request_id.encode()),
+                *((k.encode(), v.encode()) for k, v in self.extra_headers.items()),
             ]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             complete = await self._play(wire, send, gone)

@@ -97,14 +97,16 @@ class Process:
 
 
 @contextmanager
-def promptjobs_process(command: str, env: dict[str, str], workdir: Path) -> Iterator[Process]:
-    """Start `promptjobs <command>`; SIGKILL it on the way out if it is still running."""
+def promptjobs_process(
+    command: str, env: dict[str, str], workdir: Path, *args: str
+) -> Iterator[Process]:
+    """Start `promptjobs <command> <args>`; SIGKILL it on the way out if it is still running."""
     workdir.mkdir(parents=True, exist_ok=True)
     name = f"{command}-{len(list(workdir.glob('*.log')))}"
     log = workdir / f"{name}.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            [PROMPTJOBS, command],
+            [PROMPTJOBS, command, *args],
             env=env,
             cwd=workdir,  # so no .env of the checkout is read
             stdin=subprocess.DEVNULL,
