@@ -29,9 +29,11 @@ from activities.adapters.base import (
     InvalidOptions,
     StreamedOutput,
 )
+from activities.budgets import WorkerBudgets, estimate_tokens
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
+    PROVIDER_BUSY,
     AdapterCall,
     AdapterOutcome,
     AttemptReport,
@@ -41,6 +43,7 @@ from activities.outages import through_outages
 from activities.output import AttemptStream, OutputStreams
 from activities.prices import PriceTable
 from projections import metrics
+from projections.budgets import Draw, budget_name
 from projections.domain.chains import substitute
 from projections.domain.lifecycle import (
     AttemptResult,
@@ -58,14 +61,6 @@ from projections.streams import AttemptUsage, OutputBatch
 
 TRACER = trace.get_tracer("promptjobs.activities")
 
-# About four characters a token: OpenAI's rule of thumb for English, used only where the
-# provider did not say (a stream cut before its usage chunk, the fake provider).
-CHARS_PER_TOKEN = 4
-
-
-def estimate_tokens(text: str) -> int:
-    return -(-len(text) // CHARS_PER_TOKEN)
-
 
 @dataclass(frozen=True)
 class AttemptTools:
@@ -77,6 +72,7 @@ class AttemptTools:
     streams: OutputStreams
     prices: PriceTable
     worker: str
+    budgets: WorkerBudgets
     metrics_org_labels: bool = False
 
     @property
@@ -196,6 +192,7 @@ class Attempt:
         job: Job,
         prompt: Prompt,
         running: DelayedReport,
+        draw: Draw | None = None,
     ) -> None:
         self.tools = tools
         self.call = call
@@ -203,6 +200,8 @@ class Attempt:
         self.job = job
         self.prompt = prompt
         self.running = running
+        # What the attempt drew on its provider budget as it started, if it has one.
+        self.draw = draw
         self._calling: asyncio.Task[AttemptResult] | None = None
 
     async def run(self) -> Succeeded:
@@ -233,6 +232,9 @@ class Attempt:
                 await self.tools.streams.close(stream)
         except AdapterError as err:
             usage = meter.usage(err.kind.value)
+            if err.kind is ErrorKind.RATE_LIMIT and self.call.budget:
+                raise await self._paused(err, stream, usage) from err
+            await self._ended(usage, stream)
             raise await self._failed(err, stream.unwritten(), usage) from err
         except asyncio.CancelledError:
             own = asyncio.current_task()
@@ -245,7 +247,31 @@ class Attempt:
             if instead is None:
                 raise
             raise instead from None
-        return self._succeeded(result, stream, meter)
+        done = self._succeeded(result, stream, meter)
+        await self._ended(done.usage, stream)
+        return done
+
+    async def _ended(
+        self, usage: AttemptUsage, stream: AttemptStream, *, drew: bool = True
+    ) -> None:
+        """Tell the budget what the call cost (its draw reconciled; `drew` False: the
+        provider refused it, and its draw was given back) and what the provider said of its
+        limits."""
+        name = self.draw.budget if self.draw else budget_name(usage.provider, usage.model)
+        await through_outages(
+            "budget",
+            lambda: self.tools.budgets.after_call(
+                name,
+                self.job.job_id,
+                self.number,
+                drew=drew and self.draw is not None,
+                counted=drew,
+                started_at=usage.started_at,
+                tokens=(usage.input_tokens or 0) + (usage.output_tokens or 0),
+                output_tokens=usage.output_tokens or 0,
+                limits=stream.output.limits,
+            ),
+        )
 
     async def _request(self) -> AdapterRequest:
         text = self.prompt.text
@@ -302,7 +328,9 @@ class Attempt:
         """What a cancelled call leads to: the exception to raise instead of the cancellation,
         or None to let the cancellation itself go on."""
         if why is Cancellation.STOPPED_BY_ROW:
-            await self.tools.end_attempt(stream.unwritten(), meter.usage(JobState.CANCELLED.value))
+            usage = meter.usage(JobState.CANCELLED.value)
+            await self.tools.end_attempt(stream.unwritten(), usage)
+            await self._ended(usage, stream)
             assert stream.stopped is not None
             return await self._stopped(stream.stopped)
         if why is Cancellation.REQUESTED:
@@ -310,6 +338,7 @@ class Attempt:
             # repeated meanwhile.
             usage = meter.usage(JobState.CANCELLED.value)
             await asyncio.shield(self.tools.end_attempt(stream.unwritten(), usage))
+            await asyncio.shield(self._ended(usage, stream))
             return None
         # Reported as a cancellation this would be refused (nobody asked) and the attempt
         # would idle until its heartbeat timed out; as a worker_crash it is re-queued now and
@@ -374,6 +403,51 @@ class Attempt:
                         "promptjobs.outcome": outcome,
                     }
                 )
+
+    async def _paused(
+        self, err: AdapterError, stream: AttemptStream, usage: AttemptUsage
+    ) -> ApplicationError:
+        """The provider answered 429: its budget pauses for every worker until its
+        Retry-After (else the policy's rate-limit wait), and the job waits queued for it
+        without spending this attempt (its workflow gives the job one more)."""
+        call, tools = self.call, self.tools
+        name = self.draw.budget if self.draw else budget_name(usage.provider, usage.model)
+        wait_s = (
+            err.retry_after_s
+            if err.retry_after_s is not None
+            else tools.backoff.delay_s(
+                err.kind, self.number, retry_after_s=None, unit_random=random.random()
+            )
+        )
+        activity.logger.info(
+            "job %s attempt %d: %s; budget %s paused for %.1f s, the attempt is not counted",
+            call.job_id, self.number, err.message, name, wait_s,
+        )  # fmt: skip
+        until = await through_outages(
+            "pause budget",
+            lambda: tools.budgets.rate_limited(name, call.job_id, self.number, wait_s),
+        )
+        await self._ended(usage, stream, drew=False)
+        await self.running.done()
+        message = (
+            f"{err.message}; provider budget {name} paused until {until:%H:%M:%S} UTC "
+            "(not counted against max_attempts)"
+        )
+        requeue = Transition(
+            call.job_id,
+            JobState.QUEUED,
+            self.number,
+            error_kind=err.kind,
+            error_message=message,
+            next_attempt_at=until,
+        )
+        await through_outages(
+            "re-queue",
+            lambda: tools.projector.apply(requeue, tail=stream.unwritten(), usage=usage),
+        )
+        tools.count(usage)
+        await report_to_workflow(AttemptReport(JobState.QUEUED, self.number, err.kind))
+        return provider_busy(message, self.number, wait_s)
 
     async def _failed(
         self, err: AdapterError, tail: OutputBatch | None, usage: AttemptUsage
@@ -505,6 +579,21 @@ def job_closed(
         error_kind,
         error_message,
         type=JOB_CLOSED,
+        non_retryable=True,
+        category=ApplicationErrorCategory.BENIGN,
+    )
+
+
+def provider_busy(message: str, attempt: int | None, wait_s: float) -> ApplicationError:
+    """The call does not fit its provider budget now, or the provider said 429 to it
+    (`attempt`: the attempt that got it, which the job is not charged for): the workflow
+    waits about `wait_s` for room, or for the dispatcher's wake, and asks again. Benign: a
+    busy provider is the normal business of this service."""
+    return ApplicationError(
+        message,
+        attempt,
+        wait_s,
+        type=PROVIDER_BUSY,
         non_retryable=True,
         category=ApplicationErrorCategory.BENIGN,
     )

@@ -28,6 +28,10 @@ class AdapterCall:
     # (projections/admission.py); without one the activity fails ORG_BUSY and changes
     # nothing. Set by workflows started since the patch `org-running-limit`.
     admission: bool = False
+    # The call must fit its provider budget (projections/budgets.py) before it starts, and a
+    # 429 pauses the budget instead of spending the attempt: either way the activity fails
+    # PROVIDER_BUSY and the workflow waits. Set by workflows since the patch `provider-budgets`.
+    budget: bool = False
 
 
 @dataclass
@@ -109,7 +113,15 @@ PARENTS_CHANGED = "parents_changed"
 ORG_BUSY = "org_busy"
 
 # The signal a job waiting for a slot gets when its org has room (sent by the dispatcher).
+# A job waiting for provider capacity gets it too, when its budget has room: ask again.
 SLOT_FREED = "slot_freed"
+
+# The ApplicationError type an attempt raises when its provider budget has no room now, or
+# the provider answered 429 (the budget is paused): the job is queued, no attempt is spent,
+# and its workflow waits for SLOT_FREED or its timer before asking again. Its details are
+# the number of the attempt the 429 ended (None: no call was made) and the seconds until
+# the room is expected.
+PROVIDER_BUSY = "provider_busy"
 
 
 @dataclass

@@ -6,14 +6,22 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
 
 from activities.adapters.base import AdapterRegistry
-from activities.attempt import Attempt, AttemptTools, DelayedReport, heartbeating, job_closed
+from activities.attempt import (
+    Attempt,
+    AttemptTools,
+    DelayedReport,
+    heartbeating,
+    job_closed,
+    provider_busy,
+)
+from activities.budgets import WorkerBudgets
 from activities.contracts import (
     ORG_BUSY,
     PARENTS_CHANGED,
@@ -29,6 +37,7 @@ from activities.contracts import (
 from activities.outages import through_outages
 from activities.output import OutputStreams
 from activities.prices import PriceTable
+from projections.budgets import Draw
 from projections.chain_store import ChainStore
 from projections.domain.lifecycle import BackoffPolicy, JobState
 from projections.ids import response_id_for
@@ -53,6 +62,7 @@ class JobActivities:
         streams: OutputStreams | None = None,
         prices: PriceTable | None = None,
         metrics_org_labels: bool = False,
+        priority_aging_s: float = 5.0,
     ) -> None:
         self.store = store
         self.projector = store.projector
@@ -65,6 +75,7 @@ class JobActivities:
             or OutputStreams(store.projector.append_outputs, store.attempts_standing),
             prices=prices or PriceTable.load(None),
             worker=self.worker,
+            budgets=WorkerBudgets(store.budgets, adapters, aging_s=priority_aging_s),
             metrics_org_labels=metrics_org_labels,
         )
         # An attempt tells its workflow it is running (for the Web UI) only once it has run
@@ -89,12 +100,18 @@ class JobActivities:
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         org_limit = self.org_max_running if call.admission else None
+        draw = await self._draw(call)
         started = await through_outages(
             "start attempt",
             lambda: self.projector.start_attempt(
-                call.job_id, attempt, self.worker, org_limit=org_limit
+                call.job_id, attempt, self.worker, org_limit=org_limit, draw=draw
             ),
         )
+        if started.budget_wait is not None:
+            wait = started.budget_wait
+            seconds = (wait.until - datetime.now(UTC)).total_seconds()
+            # Nothing was called: the job stays queued and its workflow waits for room.
+            raise provider_busy(wait.describe(), None, max(seconds, 0.05))
         if started.waiting is not None:
             waiting = started.waiting
             # Nothing changed: the job stays queued and its workflow waits for a slot.
@@ -121,13 +138,21 @@ class JobActivities:
         async with DelayedReport(
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
-            done = await Attempt(self.tools, call, attempt, job, prompt, running).run()
+            done = await Attempt(self.tools, call, attempt, job, prompt, running, draw).run()
         if not call.settle_success:
             await self.tools.end_attempt(done.tail, done.usage)
             return done.outcome
         settled = await self._settle_success(call.job_id, done.outcome, done.tail, done.usage)
         # The response text is in the projection now; it need not enter workflow history.
         return replace(done.outcome, text="", settled=settled)
+
+    async def _draw(self, call: AdapterCall) -> Draw | None:
+        """What the attempt must draw on its provider budget, if it has one (the job and its
+        prompt are read first only where some budget exists)."""
+        if not call.budget or not await self.tools.budgets.names():
+            return None
+        job, prompt = await self.tools.load(call.job_id)
+        return await self.tools.budgets.draw_for(job, prompt)
 
     async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
         job, _prompt = await self.tools.load(job_id)

@@ -179,6 +179,9 @@ class Job(Base):
     admitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # Since when its workflow waits for such a slot (null once admitted, or never refused).
     awaiting_slot_since: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Why a queued job waits for provider capacity (projections/budgets.py), until about
+    # `next_attempt_at`; null once it runs.
+    waiting_for: Mapped[str | None] = mapped_column(Text)
     last_event_id: Mapped[int] = mapped_column(EventId, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -319,3 +322,59 @@ class OrgLimit(Base):
     org: Mapped[str] = mapped_column(String(64), primary_key=True)
     max_running: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ProviderBudget(Base):
+    """One provider budget: the requests and tokens a minute every worker together may send
+    to one provider's model (projections/budgets.py). The operator's limits win over those
+    learned from the provider's rate-limit headers; a 429 pauses it for every worker."""
+
+    __tablename__ = "provider_budgets"
+
+    # `provider/model`, e.g. `openai/gpt-4o-mini`.
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    learned_rpm: Mapped[int | None] = mapped_column(Integer)
+    learned_tpm: Mapped[int | None] = mapped_column(Integer)
+    # No call draws from it before this (the provider's Retry-After on its last 429).
+    paused_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # 429s the provider answered on it, all told.
+    rate_limited: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class BudgetDraw(Base):
+    """One call's draw on a budget: a request, and its tokens (reserved as an estimate when
+    the attempt starts, then what the provider reported). A budget's last minute of draws is
+    what it has spent."""
+
+    __tablename__ = "budget_draws"
+    __table_args__ = (
+        Index("ix_budget_draws_budget_at", "budget", "drawn_at"),
+        Index("ix_budget_draws_job", "job_id", "attempt"),
+    )
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    budget: Mapped[str] = mapped_column(String(200))
+    job_id: Mapped[str] = mapped_column(String(40))
+    attempt: Mapped[int] = mapped_column(Integer)
+    drawn_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    tokens: Mapped[int] = mapped_column(Integer)
+    # Whether `tokens` is what the provider reported (else the reservation's estimate).
+    reconciled: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+
+
+class BudgetWaiter(Base):
+    """A queued job waiting for room in a budget; the lowest `rank` goes first. The rank is
+    priority x PROMPTJOBS_PRIORITY_AGING_S + the epoch second it began to wait, so a job's
+    effective priority improves by one for every aging period it waits (docs/decisions.md)."""
+
+    __tablename__ = "budget_waiters"
+    __table_args__ = (Index("ix_budget_waiters_budget_rank", "budget", "rank"),)
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    budget: Mapped[str] = mapped_column(String(200))
+    rank: Mapped[float] = mapped_column(Float)
+    tokens: Mapped[int] = mapped_column(Integer)
+    since: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -17,7 +17,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections import budgets
 from projections.admission import Waiting, admit
+from projections.budgets import BudgetWait, Draw
 from projections.chain_store import waiting_children_query
 from projections.db import GroupCommit, WriteTx
 from projections.domain.lifecycle import (
@@ -81,6 +83,8 @@ class Applied:
     error_message: str | None = None
     # Set when the attempt could not start because its org has no free slot.
     waiting: Waiting | None = None
+    # Set when it could not start because its provider budget has no room now.
+    budget_wait: BudgetWait | None = None
     # An attempt that started: its row and its prompt, read in the same transaction (the
     # call needs both; a read of its own cost the worker more than the write).
     job: Job | None = None
@@ -124,7 +128,9 @@ def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
     if t.attempt is not None:
         values["attempt"] = t.attempt
     if t.target is JobState.RUNNING:
-        values.update(worker=t.worker, next_attempt_at=None, attempt_started_at=now)
+        values.update(
+            worker=t.worker, next_attempt_at=None, attempt_started_at=now, waiting_for=None
+        )
     elif t.target is JobState.QUEUED:
         values["next_attempt_at"] = t.next_attempt_at
     if t.error_kind is not None:
@@ -134,7 +140,7 @@ def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
     if t.target is JobState.SUPERSEDED:
         values["superseded_by"] = t.superseded_by
     elif t.target.is_terminal:
-        values.update(next_attempt_at=None, finished_at=now)
+        values.update(next_attempt_at=None, finished_at=now, waiting_for=None)
     return values
 
 
@@ -284,23 +290,44 @@ class Projector:
         return written
 
     async def start_attempt(
-        self, job_id: str, attempt: int, worker: str, *, org_limit: int | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        worker: str,
+        *,
+        org_limit: int | None = None,
+        draw: Draw | None = None,
     ) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
-        worker_crash before starting this one. With `org_limit` (the default running limit)
-        the job must first hold one of its org's slots (projections/admission.py); without
-        one nothing changes and `waiting` says why."""
+        worker_crash before starting this one. With `draw` the call must first fit its
+        provider budget (projections/budgets.py), and takes its draw as it starts; with
+        `org_limit` (the default running limit) the job must hold one of its org's slots
+        (projections/admission.py). Refused either, nothing changes but the record of the
+        wait, and `budget_wait` or `waiting` says why."""
         running = Transition(job_id, JobState.RUNNING, attempt, worker=worker)
 
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
+            if draw is not None:
+                seen = current(tx, job_id)
+                startable = seen is not None and (
+                    seen.state is JobState.QUEUED
+                    or (seen.state is JobState.RUNNING and seen.attempt < attempt)
+                )
+                if startable and (wait := budgets.check(tx, job_id, draw, now)):
+                    assert seen is not None
+                    return Applied(False, seen.state, seen.attempt, budget_wait=wait)
             if org_limit is not None and (waiting := admit(tx, job_id, org_limit, now)):
+                if draw is not None:
+                    budgets.stop_waiting(tx, job_id)
                 seen = current(tx, job_id)
                 assert seen is not None  # admit found it
                 return Applied(False, seen.state, seen.attempt, waiting=waiting)
             job = transition(tx, running, now)
             if job is not None:
+                if draw is not None:
+                    budgets.take(tx, job_id, attempt, draw, now)
                 reset_output(tx, job, now)
                 return _started(tx, job, [job.last_event_id])
             seen = current(tx, job_id)
@@ -323,6 +350,8 @@ class Projector:
             events = [j.last_event_id for j in (lost, job) if j is not None]
             if job is None:
                 return Applied(False, *_state_of(tx, job_id), events)
+            if draw is not None:
+                budgets.take(tx, job_id, attempt, draw, now)
             reset_output(tx, job, now)
             return _started(tx, job, events)
 

@@ -58,6 +58,12 @@ class JobRow(BaseModel):
     error_kind: ErrorKind | None
     error_message: str | None
     next_attempt_at: Timestamp | None
+    waiting_for: str | None = Field(
+        default=None,
+        description="Why a queued job waits for provider capacity (its provider budget is "
+        "spent for the minute, or paused by the provider's 429), with `next_attempt_at` when "
+        "room is expected; null once it runs",
+    )
     response_id: str | None
     supersedes: str | None
     superseded_by: str | None

@@ -1,15 +1,17 @@
 """The job store: one handle on the projection for the API, the services and the CLI, made
 of its writes (projections/writes.py), reads (reads.py) and the dispatcher's scans (scans.py),
 over one session factory and the projector that owns transitions. What is not one job's
-row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share) and
-`operations` (the operator's views and archive). A new query goes into one of these, never
-into a free function that takes a session factory (docs/decisions.md)."""
+row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share),
+`budgets` (provider budgets) and `operations` (the operator's views and archive). A new
+query goes into one of these, never into a free function that takes a session factory
+(docs/decisions.md)."""
 
 from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.admission import OrgShares
+from projections.budgets import Budgets
 from projections.chain_store import ChainStore
 from projections.keys import KeyStore
 from projections.operations import Operations
@@ -28,4 +30,5 @@ class JobStore(JobWrites, JobReads, DispatchScans):
         self.workers = WorkerRegistry(sessions)
         self.chains = ChainStore(sessions)
         self.orgs = OrgShares(sessions)
+        self.budgets = Budgets(sessions, projector.writes)
         self.operations = Operations(sessions)

@@ -77,6 +77,7 @@ def build_worker(
         ),
         prices=PriceTable.load(settings.prices_file),
         metrics_org_labels=settings.metrics_org_labels,
+        priority_aging_s=settings.priority_aging_s,
     )
     return Worker(
         client,

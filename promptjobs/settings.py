@@ -144,6 +144,11 @@ class Settings(BaseSettings):
     More wait `queued`, in priority order, and start as slots free up (the dispatcher wakes
     them every `PROMPTJOBS_DISPATCHER_INTERVAL_S`). 0: no limit. An org's own limit, set
     with `promptjobs orgs limit ORG N`, takes its place; workers and API read the same."""
+    priority_aging_s: float = Field(default=5.0, gt=0)
+    """When provider capacity is short (a provider budget, `promptjobs budgets`), jobs wait
+    in priority order, and a waiting job's priority improves by one for every this many
+    seconds it waits: a priority-90 job goes before fresh priority-10 work after
+    80 times this (400 s by default), so no job starves under a steady urgent load."""
     fake_adapter: bool = False
     """Offer the `fake` provider (deterministic output; `options.fake` injects latency and
     failures). On in `promptjobs dev` and the tests; off by default for `promptjobs api` and

@@ -1,9 +1,11 @@
 """Waking jobs that wait in their workflows: a chain's children once their parents have
-succeeded, and jobs waiting for a running slot of their org once it has one free."""
+succeeded, jobs waiting for a running slot of their org once it has one free, and jobs
+waiting for room in a provider budget once it has some."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 from temporalio.client import Client
 
@@ -34,7 +36,16 @@ class Waker:
         """Signal the jobs waiting for a running slot of their org, as many per org as it has
         free (projections/admission.py). The slot is taken by the job's next attempt, in its
         own transaction; a woken job that finds it gone meanwhile just waits again."""
-        waiters = await self.store.orgs.slot_waiters(self.org_max_running)
+        return await self._wake_all(await self.store.orgs.slot_waiters(self.org_max_running))
+
+    async def wake_budget_waiters(self) -> int:
+        """Signal the jobs waiting for room in a provider budget, as many of each budget's
+        first-ranked as its room now takes (projections/budgets.py). The room is taken by the
+        job's next attempt, in its own transaction; a woken job that finds it gone meanwhile
+        just waits again."""
+        return await self._wake_all(await self.store.budgets.to_wake(datetime.now(UTC)))
+
+    async def _wake_all(self, waiters: list[str]) -> int:
         woken = 0
         for first in range(0, len(waiters), WAKE_CONCURRENCY):
             batch = waiters[first : first + WAKE_CONCURRENCY]

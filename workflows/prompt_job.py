@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         JOB_CLOSED,
         ORG_BUSY,
         PARENTS_CHANGED,
+        PROVIDER_BUSY,
         SLOT_FREED,
         AdapterCall,
         AdapterOutcome,
@@ -74,6 +75,12 @@ WAIT_FOR_PARENTS = "wait-for-parents"
 # (projections/admission.py, docs/decisions.md).
 ORG_RUNNING_LIMIT = "org-running-limit"
 SLOT_RECHECK = timedelta(seconds=30)
+
+# Since this patch an attempt must also fit its provider budget (projections/budgets.py);
+# refused (PROVIDER_BUSY), or answered 429, the workflow waits for SLOT_FREED or the time
+# the room is expected, then asks again, and a 429'd attempt is not counted against
+# max_attempts (docs/decisions.md).
+PROVIDER_BUDGETS = "provider-budgets"
 
 
 def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
@@ -195,22 +202,39 @@ class PromptJobWorkflow:
         job waits queued, holding no worker slot: until a SLOT_FREED signal or SLOT_RECHECK,
         within the job's ceiling. The outcome, or the error message once the ceiling passed."""
         deadline = workflow.now() + ceiling
+        budget = workflow.patched(PROVIDER_BUDGETS)
+        # Attempts made so far, and of them those a 429 ended, which the job is not charged.
+        made, spared = job.attempts_before, 0
         while True:
             self._slot_freed = False  # before the call: a signal during it is kept
+            recheck = SLOT_RECHECK
             try:
                 return await self._call_adapter(
-                    job, settle_success, deadline - workflow.now(), admission=True
+                    job,
+                    settle_success,
+                    deadline - workflow.now(),
+                    admission=True,
+                    budget=budget,
+                    made=made,
+                    spared=spared,
                 )
             except ActivityError as err:
                 refused = err.cause
-                if not (isinstance(refused, ApplicationError) and refused.type == ORG_BUSY):
+                if not isinstance(refused, ApplicationError):
+                    raise
+                if budget and refused.type == PROVIDER_BUSY:
+                    attempt, wait_s = refused.details[0], refused.details[1]
+                    if isinstance(attempt, int):
+                        made, spared = attempt, spared + 1
+                    recheck = min(SLOT_RECHECK, timedelta(seconds=max(float(wait_s), 0.05)))
+                elif refused.type != ORG_BUSY:
                     raise
             workflow.set_current_details(f"queued: {refused.message}")
             left = deadline - workflow.now()
             if left > timedelta(0):
                 try:
                     await workflow.wait_condition(
-                        lambda: self._slot_freed, timeout=min(left, SLOT_RECHECK)
+                        lambda: self._slot_freed, timeout=min(left, recheck)
                     )
                 except builtins.TimeoutError:
                     pass
@@ -246,17 +270,25 @@ class PromptJobWorkflow:
         ceiling: timedelta,
         *,
         admission: bool = False,
+        budget: bool = False,
+        made: int | None = None,
+        spared: int = 0,
     ) -> AdapterOutcome:
+        """One activity of attempts: `made` attempts came before it (the job's count goes on
+        from there), `spared` of them ended by a 429, which the job gets back."""
         deadline = workflow.now() + ceiling
+        made = job.attempts_before if made is None else made
+        max_attempts = job.max_attempts + spared
         return await workflow.execute_activity_method(
             JobActivities.call_adapter,
             AdapterCall(
                 job.job_id,
-                job.max_attempts,
+                max_attempts,
                 deadline.timestamp(),
                 settle_success,
-                attempt_offset=job.attempts_before,
+                attempt_offset=made,
                 admission=admission,
+                budget=budget,
             ),
             schedule_to_close_timeout=ceiling,
             start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),
@@ -266,7 +298,7 @@ class PromptJobWorkflow:
             retry_policy=RetryPolicy(
                 initial_interval=timedelta(seconds=1),
                 backoff_coefficient=1.0,
-                maximum_attempts=job.max_attempts - job.attempts_before,
+                maximum_attempts=max_attempts - made,
                 non_retryable_error_types=[*NON_RETRYABLE_TYPES, JOB_CLOSED],
             ),
         )

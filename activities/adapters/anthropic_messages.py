@@ -196,10 +196,13 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
                 ) as raw,
             ):
                 request_id = raw.headers.get("request-id")
+                output.answered_with(raw.headers)
                 event_stream(self.name, raw.headers)
                 async for data in await raw.parse(to=anthropic.AsyncStream[object]):
                     read_stream_event(self.name, data, answer, output)
         except anthropic.AnthropicError as err:
+            if isinstance(err, anthropic.APIStatusError):
+                output.answered_with(err.response.headers)
             raise classify(err, self.name) from err
         answer.check_finished(self.name, "message_stop event", output)
         return chat_result(

@@ -23,6 +23,34 @@ class AdapterRequest:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ProviderLimits:
+    """The per-minute limits a provider's rate-limit headers state (None: not said)."""
+
+    rpm: int | None
+    tpm: int | None
+
+
+def provider_limits(headers: Mapping[str, str]) -> ProviderLimits | None:
+    """OpenAI's `x-ratelimit-limit-*` or Anthropic's `anthropic-ratelimit-*-limit`, if sent.
+    Anthropic's combined `tokens` limit is the binding one; without it, its input tokens'."""
+
+    def number(*names: str) -> int | None:
+        for name in names:
+            value = headers.get(name, "").strip()
+            if value.isdigit() and int(value) > 0:
+                return int(value)
+        return None
+
+    rpm = number("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit")
+    tpm = number(
+        "x-ratelimit-limit-tokens",
+        "anthropic-ratelimit-tokens-limit",
+        "anthropic-ratelimit-input-tokens-limit",
+    )
+    return None if rpm is None and tpm is None else ProviderLimits(rpm, tpm)
+
+
 class StreamedOutput:
     """What an adapter hands upward while its call runs: each text delta as it arrives, and
     the provider's token counts when it tells them (a stream's usage comes in its last
@@ -40,7 +68,13 @@ class StreamedOutput:
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.usage_estimated = False
+        # What the provider's last answer said of its rate limits, if anything.
+        self.limits: ProviderLimits | None = None
         self._on_delta = on_delta
+
+    def answered_with(self, headers: Mapping[str, str]) -> None:
+        """The headers of the provider's answer (a success's or an error's)."""
+        self.limits = provider_limits(headers) or self.limits
 
     def call_begins(self) -> float:
         """The provider call starts now: the one origin of its latency and its first token's

@@ -182,6 +182,7 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
                 ) as raw,
             ):
                 request_id = raw.headers.get("x-request-id")
+                output.answered_with(raw.headers)
                 event_stream(self.name, raw.headers)
                 async for data in await raw.parse(to=openai.AsyncStream[object]):
                     chunk = read_event(
@@ -189,6 +190,8 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
                     )
                     read_chunk(chunk, answer, output)
         except openai.OpenAIError as err:
+            if isinstance(err, openai.APIStatusError):
+                output.answered_with(err.response.headers)
             raise classify(err, self.name, request_id) from err
         answer.check_finished(self.name, "last choice chunk (finish_reason)", output)
         return chat_result(

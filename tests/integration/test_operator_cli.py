@@ -137,7 +137,7 @@ async def test_cancel_while_temporal_is_unreachable_says_so_in_one_line(
 
 async def test_retry_can_change_options_priority_and_attempts(sqlite_stack: Stack) -> None:
     stack = sqlite_stack
-    failing = {"fake": {"latency_ms": 5, "fail": ["rate_limit"]}}
+    failing = {"fake": {"latency_ms": 5, "fail": ["provider_5xx"]}}
     job_id = (await stack.submit("weak", max_attempts=1, options=failing))["job_id"]
     assert (await stack.settled(job_id))["state"] == "failed"
     healthy = '{"fake": {"latency_ms": 5}}'
@@ -160,7 +160,7 @@ async def test_retry_can_change_options_priority_and_attempts(sqlite_stack: Stac
 async def test_metrics_per_org(sqlite_stack: Stack) -> None:
     stack = sqlite_stack
     ok = [(await stack.submit(f"p{i}"))["job_id"] for i in range(3)]
-    bad = await _globex_job(stack, max_attempts=1, options={"fake": {"fail": ["rate_limit"]}})
+    bad = await _globex_job(stack, max_attempts=1, options={"fake": {"fail": ["auth"]}})
     for job_id in ok:
         await stack.settled(job_id)
     await eventually(
@@ -171,7 +171,7 @@ async def test_metrics_per_org(sqlite_stack: Stack) -> None:
     assert set(orgs) == {"acme", "globex", "*"}
     assert orgs["acme"]["states"]["succeeded"] == 3
     assert orgs["globex"]["states"]["failed"] == 1
-    assert orgs["globex"]["error_kinds"] == {"rate_limit": 1}
+    assert orgs["globex"]["error_kinds"] == {"auth": 1}
     assert orgs["*"]["states"]["succeeded"] == 3 and orgs["*"]["states"]["failed"] == 1
     for latency in ("wait_s", "run_s"):
         p50, p99 = orgs["acme"][latency]["p50"], orgs["acme"][latency]["p99"]
@@ -201,7 +201,7 @@ async def test_metrics_per_org(sqlite_stack: Stack) -> None:
     assert by[("globex", "fake-1")]["output_tokens"] == 0  # refused before any text
 
     human = (await cli(stack, "jobs", "metrics")).output
-    assert "rate_limit" in human and "wait p50" in human and "globex" in human
+    assert "auth" in human and "wait p50" in human and "globex" in human
     assert "wait mean" in human and "error rate" in human and "100.0%" in human
     assert "usage by model" in human and "fake-1" in human
 

@@ -16,24 +16,25 @@ from temporalio.testing import WorkflowEnvironment
 from promptjobs.runtime import temporal_cli
 from tests.conftest import Stack, eventually, make_settings, running_stack
 
-FAIL_RATE_LIMITED = {"fake": {"fail": ["rate_limit"], "retry_after_s": 1}}
+# A provider failure that ends a one-attempt job (a 429 no longer does: it costs no attempt).
+FAIL_5XX = {"fake": {"fail": ["provider_5xx"]}}
 
 
-async def test_failed_rate_limited_jobs_of_one_org_are_one_visibility_query(stack: Stack) -> None:
-    failed = await stack.submit("limited", max_attempts=1, options=FAIL_RATE_LIMITED)
+async def test_failed_jobs_of_one_org_and_error_kind_are_one_visibility_query(stack: Stack) -> None:
+    failed = await stack.submit("limited", max_attempts=1, options=FAIL_5XX)
     succeeded = await stack.submit("fine")
     async with stack.as_user(await stack.key("globex", "gus")) as globex:
         other = (
             await globex.post(
                 "/v1/prompts",
-                json={"prompt": "limited", "max_attempts": 1, "options": FAIL_RATE_LIMITED},
+                json={"prompt": "limited", "max_attempts": 1, "options": FAIL_5XX},
             )
         ).json()
     for job_id in (failed["job_id"], succeeded["job_id"]):
         await stack.settled(job_id)
 
     query = (
-        'PromptJobOrg="acme" AND PromptJobState="failed" AND PromptJobErrorKind="rate_limit"'
+        'PromptJobOrg="acme" AND PromptJobState="failed" AND PromptJobErrorKind="provider_5xx"'
         f' AND TaskQueue="{stack.settings.temporal_task_queue}"'
     )
 
@@ -65,7 +66,7 @@ async def test_metrics_count_submissions_transitions_adapter_calls_and_queue_dep
 ) -> None:
     before = await _scrape(stack)
     ok = await stack.submit("fine")
-    bad = await stack.submit("limited", max_attempts=1, options=FAIL_RATE_LIMITED)
+    bad = await stack.submit("limited", max_attempts=1, options=FAIL_5XX)
     later = (datetime.now(UTC) + timedelta(minutes=10)).isoformat()
     waiting = await stack.submit("later", scheduled_for=later)
     for job_id in (ok["job_id"], bad["job_id"]):
@@ -81,10 +82,10 @@ async def test_metrics_count_submissions_transitions_adapter_calls_and_queue_dep
     assert delta("promptjobs_job_transitions_total", state="queued", error_kind="") == 3
     assert delta("promptjobs_job_transitions_total", state="running", error_kind="") == 2
     assert delta("promptjobs_job_transitions_total", state="succeeded", error_kind="") == 1
-    assert delta("promptjobs_job_transitions_total", state="failed", error_kind="rate_limit") == 1
+    assert delta("promptjobs_job_transitions_total", state="failed", error_kind="provider_5xx") == 1
     calls = "promptjobs_adapter_call_seconds_count"
     assert delta(calls, provider="fake", outcome="ok") == 1
-    assert delta(calls, provider="fake", outcome="rate_limit") == 1
+    assert delta(calls, provider="fake", outcome="provider_5xx") == 1
     assert after[("promptjobs_jobs", (("state", "queued"),))] == 1  # the scheduled one
     assert after[("promptjobs_jobs", (("state", "running"),))] == 0
 

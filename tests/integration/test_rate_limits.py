@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import eventually, free_port
+from projections import budgets
+from promptjobs import mock_provider
+from tests.conftest import (
+    MockProviderServer,
+    Stack,
+    eventually,
+    free_port,
+    make_settings,
+    parse_time,
+    provider_settings,
+    running_stack,
+)
 from tests.integration.processes import promptjobs_process
 
 
@@ -33,3 +53,168 @@ async def test_the_mock_provider_command_enforces_its_limits(tmp_path: Path) -> 
         assert 0 < int(answers[2].headers["retry-after"]) <= 60
         mock.terminate()
         assert await mock.exited() == 0
+
+
+# -- budgets against the mock in rate-limit mode -------------------------------------------
+# The provider's minute is shortened to WINDOW_S on both sides (the mock's sliding window and
+# the budgets' draws), so a burst of several windows runs in seconds; the rules are the same.
+
+WINDOW_S = 4.0
+
+
+@pytest.fixture
+def short_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mock_provider, "WINDOW_S", WINDOW_S)
+    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=WINDOW_S))
+
+
+@asynccontextmanager
+async def limited_mock(**limits: int) -> AsyncIterator[MockProviderServer]:
+    """A mock provider of its own, enforcing `limits` (rpm, tpm) from its first request."""
+    port = free_port()
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        mock_provider.run_mock_provider(
+            "127.0.0.1", port, stop=stop, on_ready=ready.set, limits=mock_provider.Limits(**limits)
+        )
+    )
+    await asyncio.wait_for(ready.wait(), 10)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            yield MockProviderServer(url, http)
+    finally:
+        stop.set()
+        await task
+
+
+async def mock_counts(mock: MockProviderServer) -> tuple[int, int]:
+    """Requests the mock received, and how many of them it refused with a 429."""
+    seen = (await mock.http.get("/mock/limits")).json()
+    return int(seen["requests"]), int(seen["rate_limited"])
+
+
+async def burst(stack: Stack, provider: str, jobs: int, **body: Any) -> list[dict[str, Any]]:
+    accepted = [
+        await stack.submit(
+            f"burst {i} {uuid.uuid4().hex}",
+            options={"provider": provider, "model": "gpt-test"},
+            **body,
+        )
+        for i in range(jobs)
+    ]
+    return [await stack.settled(a["job_id"], timeout=60) for a in accepted]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.usefixtures("short_window")
+async def test_a_burst_past_the_limit_waits_for_the_budget_instead_of_failing(
+    dev_server: WorkflowEnvironment, tmp_path: Path, provider: str
+) -> None:
+    async with limited_mock(rpm=3) as mock:
+        settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2)
+        async with running_stack(settings, dev_server.client) as stack:
+            await stack.projection.store.budgets.set_limits(
+                f"{provider}/gpt-test", 3, None, datetime.now(UTC)
+            )
+            began = time.monotonic()
+            settled = await burst(stack, provider, 9, max_attempts=1)
+            took = time.monotonic() - began
+            requests, refused = await mock_counts(mock)
+    assert [job["state"] for job in settled] == ["succeeded"] * 9
+    assert (requests, refused) == (9, 0)
+    # Three windows' worth: the first three at once, then three a window.
+    assert took >= 2 * WINDOW_S
+    assert all(job["attempt"] == 1 for job in settled)
+
+
+@pytest.mark.usefixtures("short_window")
+async def test_the_budget_is_learned_from_the_providers_headers(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    async with limited_mock(rpm=3, tpm=100_000) as mock:
+        settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2)
+        async with running_stack(settings, dev_server.client) as stack:
+            [first] = await burst(stack, "openai", 1)
+            [budget] = await stack.projection.store.budgets.standing(datetime.now(UTC))
+            assert (budget.name, budget.learned_rpm, budget.learned_tpm) == (
+                "openai/gpt-test",
+                3,
+                100_000,
+            )
+            assert (budget.own_rpm, budget.rpm) == (None, 3)
+            settled = await burst(stack, "openai", 6, max_attempts=1)
+            requests, refused = await mock_counts(mock)
+    assert first["state"] == "succeeded"
+    assert [job["state"] for job in settled] == ["succeeded"] * 6
+    assert (requests, refused) == (7, 0)
+
+
+async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
+    dev_server: WorkflowEnvironment, mock_provider: MockProviderServer, tmp_path: Path
+) -> None:
+    settings = provider_settings(tmp_path, mock_provider, dispatcher_interval_s=0.2)
+    async with running_stack(settings, dev_server.client) as stack:
+        prompt = f"paused {uuid.uuid4().hex} mock:fail=429,429;retry_after=1"
+        accepted = await stack.submit(
+            prompt, max_attempts=1, options={"provider": "openai", "model": "gpt-paused"}
+        )
+
+        async def row() -> dict[str, Any]:
+            return (await stack.http.get(f"/v1/jobs/{accepted['job_id']}")).json()  # type: ignore[no-any-return]
+
+        waiting = await eventually(row, lambda job: job["error_kind"] == "rate_limit")
+        assert waiting["state"] in ("queued", "running")
+        assert "not counted against max_attempts" in waiting["error_message"]
+        job = await stack.settled(accepted["job_id"], timeout=30)
+        [budget] = [
+            b
+            for b in await stack.projection.store.budgets.standing(datetime.now(UTC))
+            if b.name == "openai/gpt-paused"
+        ]
+    # Two 429s, each spared: the one attempt it was allowed is the third call.
+    assert (job["state"], job["attempt"], job["max_attempts"]) == ("succeeded", 3, 1)
+    assert budget.rate_limited == 2
+    calls = await mock_provider.requests(prompt)
+    assert [c["step"] for c in calls] == [429, 429, "ok"]
+
+
+@pytest.mark.usefixtures("short_window")
+async def test_under_a_binding_budget_urgent_work_goes_first_and_old_work_is_not_starved(
+    dev_server: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One request a window of 1 s (each draw counts 1.5 s with its margin), on the fake
+    # provider, set by the operator; a priority point is worth 20 ms of waiting.
+    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=1))
+    settings = make_settings(tmp_path, dispatcher_interval_s=0.2, priority_aging_s=0.02)
+    async with running_stack(settings, dev_server.client) as stack:
+        await stack.projection.store.budgets.set_limits("fake/fake-1", 1, None, datetime.now(UTC))
+        filler = await stack.submit("takes the first room")
+        await stack.settled(filler["job_id"])
+        old = await stack.submit("old, not urgent", priority=90)
+        submitted = time.monotonic()
+        backlog = [await stack.submit(f"urgent {i}", priority=10) for i in range(4)]
+        # A steady urgent load, faster than the budget drains, for 4 s.
+        stream: list[tuple[float, dict[str, Any]]] = []
+        while time.monotonic() - submitted < 4.0:
+            await asyncio.sleep(0.4)
+            stream.append((time.monotonic() - submitted, await stack.submit("urgent", priority=10)))
+        settled = {
+            job["job_id"]: job
+            for job in [
+                await stack.settled(j["job_id"], timeout=60)
+                for j in [old, *backlog, *(s for _, s in stream)]
+            ]
+        }
+
+        def started(job: dict[str, Any]) -> datetime:
+            return parse_time(settled[job["job_id"]]["started_at"])
+
+    assert all(job["state"] == "succeeded" for job in settled.values())
+    # Lower numbers first: the backlog submitted after the old job ran before it.
+    assert all(started(job) < started(old) for job in backlog)
+    # Aging: 80 points at 20 ms a point is 1.6 s; urgent work that came later than that
+    # after the old job ranks behind it, however urgent.
+    later = [job for at, job in stream if at > 1.8]
+    assert later, "the stream should outlast the aging"
+    assert all(started(old) < started(job) for job in later)

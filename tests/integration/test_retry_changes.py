@@ -15,6 +15,8 @@ from tests.conftest import Stack, make_settings, parse_time, running_stack
 from tests.integration.test_api_submit import assert_problem
 
 RATE_LIMITED = {"fake": {"latency_ms": 5, "fail": ["rate_limit"], "retry_after_s": 1}}
+# A provider failure that ends a one-attempt job (a 429 no longer does: it costs no attempt).
+FAILING = {"fake": {"latency_ms": 5, "fail": ["provider_5xx"]}}
 HEALTHY = {"fake": {"latency_ms": 5}}
 
 
@@ -26,9 +28,9 @@ async def sqlite_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> Async
 
 
 async def _failed(stack: Stack, **body: Any) -> dict[str, Any]:
-    accepted = await stack.submit("weak model", max_attempts=1, options=RATE_LIMITED, **body)
+    accepted = await stack.submit("weak model", max_attempts=1, options=FAILING, **body)
     job = await stack.settled(accepted["job_id"])
-    assert job["state"] == "failed" and job["error_kind"] == "rate_limit"
+    assert job["state"] == "failed" and job["error_kind"] == "provider_5xx"
     return job
 
 
@@ -37,7 +39,7 @@ async def test_a_retry_with_new_options_runs_them_and_the_prompt_shows_each_jobs
 ) -> None:
     stack = sqlite_stack
     failed = await _failed(stack, priority=80)
-    assert failed["options"] == RATE_LIMITED
+    assert failed["options"] == FAILING
 
     body = {"options": HEALTHY, "priority": 10, "max_attempts": 4}
     response = await stack.http.post(f"/v1/jobs/{failed['job_id']}/retry", json=body)
@@ -47,13 +49,13 @@ async def test_a_retry_with_new_options_runs_them_and_the_prompt_shows_each_jobs
     assert (new["options"], new["priority"], new["max_attempts"]) == (HEALTHY, 10, 4)
 
     done = await stack.settled(new["job_id"])
-    # It ran the new options: one attempt, no rate limit.
+    # It ran the new options: one attempt, no failure.
     assert done["state"] == "succeeded" and done["attempt"] == 1
 
     prompt = (await stack.http.get(f"/v1/prompts/{failed['prompt_id']}")).json()
-    assert prompt["options"] == RATE_LIMITED  # the prompt keeps what was submitted
+    assert prompt["options"] == FAILING  # the prompt keeps what was submitted
     assert [(j["options"], j["priority"]) for j in prompt["jobs"]] == [
-        (RATE_LIMITED, 80),
+        (FAILING, 80),
         (HEALTHY, 10),
     ]
 

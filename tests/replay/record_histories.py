@@ -33,7 +33,7 @@ from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 RETENTION_HISTORIES = HISTORIES / "retention"
-VERSION = "v7"
+VERSION = "v8"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
 
@@ -202,6 +202,21 @@ async def org_slot_wait(stack: Stack, _env: WorkflowEnvironment) -> str:
     return job_id
 
 
+async def budget_wait(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """Its provider budget takes one request a window (the window shortened to 2 s): the
+    second job is refused (provider_busy), waits for its room, then runs."""
+    from projections import budgets
+
+    budgets.WINDOW = timedelta(seconds=2)
+    await stack.projection.store.budgets.set_limits("fake/fake-1", 1, None, datetime.now(UTC))
+    async with new_worker(stack.settings, stack.client, stack.projection):
+        first = await stack.submit("takes the room")
+        await stack.settled(first["job_id"], timeout=60)
+        job_id = str((await stack.submit("waits for it"))["job_id"])
+        await stack.settled(job_id, timeout=60)
+    return job_id
+
+
 async def _dispatched(stack: Stack, job_id: str) -> bool:
     async with stack.projection.sessions() as session:
         from projections.models import Job
@@ -230,6 +245,9 @@ SCENARIOS: dict[str, Scenario] = {
     "closed_failed": closed_failed,
     # Each org's running limit (patch org-running-limit), recorded as v6 with the rest.
     "org_slot_wait": org_slot_wait,
+    # Provider budgets (patch provider-budgets), recorded as v8 with the rest; `rate_limited`
+    # takes the budget's pause there.
+    "budget_wait": budget_wait,
 }
 
 

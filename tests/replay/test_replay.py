@@ -31,7 +31,7 @@ PATHS = {
     "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
     "chain_waits_then_runs", "chain_parent_retried", "chain_cancel_waiting",
     "chain_stuck_waiting",
-    "restarted", "closed_failed", "org_slot_wait",
+    "restarted", "closed_failed", "org_slot_wait", "budget_wait",
 }  # fmt: skip
 # Since the patch fail-failed-jobs (v3 on) a failed job's workflow ends Failed.
 FAILED_PATHS = {"exhausted", "non_retryable", "stuck", "closed_failed"}

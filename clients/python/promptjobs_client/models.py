@@ -64,6 +64,7 @@ class JobOut(BaseModel):
     error_kind: str | None = None
     error_message: str | None = None
     next_attempt_at: datetime | None = None
+    waiting_for: str | None = None
     response_id: str | None = None
     supersedes: str | None = None
     superseded_by: str | None = None

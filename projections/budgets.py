@@ -1,0 +1,480 @@
+"""Provider budgets: the requests and tokens a minute that every worker together may send to
+one provider's model, scheduled rather than failed.
+
+A budget is a row of `provider_budgets` named `provider/model`; its limits are the operator's
+(`promptjobs budgets set`) or, where the operator set none, those the provider's rate-limit
+headers taught (`learned_*`). What it has spent is its **draws** of the last minute: each
+attempt that calls the provider draws one request and its tokens, reserved as an estimate in
+the transaction that starts the attempt and reconciled to what the provider reported when the
+call ends. The window is the same sliding minute providers count over, so a budget never lets
+through a request the provider would refuse for its limit.
+
+An attempt that does not fit waits, queued, holding no worker slot: its job gets a row in
+`budget_waiters` with a **rank** (lower goes first), and its workflow sleeps until the
+dispatcher wakes it when there is room, or its own timer fires at the time the room is
+expected. A job fits only if the room left is more than what the waiters ranked before it
+need, so a newcomer never jumps the queue and a big job is not starved by small ones. The rank
+is `priority * aging_s + the epoch second the job began to wait`: a job's effective priority
+improves by one for every `aging_s` it waits, so a priority-90 job overtakes fresh priority-10
+work after 80 * aging_s (docs/decisions.md).
+
+A 429 pauses the budget until the provider's Retry-After for every worker (`paused_until`),
+and gives back the refused call's draw: the provider did not count it.
+
+On PostgreSQL the check and the draw are serialised per budget by an advisory lock held for
+the transaction; on SQLite the single writer serialises them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.db import GroupCommit, WriteTx
+from projections.domain.lifecycle import JobState
+from projections.models import Base, BudgetDraw, BudgetWaiter, Job, ProviderBudget
+
+JOBS = Base.metadata.tables[Job.__tablename__]
+BUDGETS = Base.metadata.tables[ProviderBudget.__tablename__]
+DRAWS = Base.metadata.tables[BudgetDraw.__tablename__]
+WAITERS = Base.metadata.tables[BudgetWaiter.__tablename__]
+
+# The window providers count their per-minute limits over.
+WINDOW = timedelta(seconds=60)
+
+
+def held_for() -> timedelta:
+    """How long a draw counts: the window, and a margin (1 s a minute, at least 0.5 s). A
+    draw is taken before its request reaches the provider, and the request that replaces it
+    may get there sooner than it did: without the margin, that one could land inside the
+    provider's minute of the first."""
+    return WINDOW + max(WINDOW / 60, timedelta(seconds=0.5))
+
+
+# pg_advisory_xact_lock(key1, key2): this namespace, then the budget's hash.
+BUDGET_LOCK_NAMESPACE = 7215003
+_BUDGET_LOCK = text("SELECT pg_advisory_xact_lock(:namespace, hashtext(:budget))")
+# A waiting job's timer fires no sooner than this, and no later than WINDOW: the room it
+# waits for is at most a window away, or the dispatcher's wake comes first.
+LEAST_WAIT = timedelta(milliseconds=50)
+
+
+def budget_name(provider: str, model: str) -> str:
+    return f"{provider}/{model}"[:200]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """What an attempt asks of a budget before its call: one request and `tokens`."""
+
+    budget: str
+    tokens: int
+    priority: int
+    aging_s: float
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A budget's limits in force: the operator's, else the learned ones (None: no limit)."""
+
+    rpm: int | None
+    tpm: int | None
+
+    @classmethod
+    def of(cls, row: Any) -> Limits:
+        return cls(row.rpm or row.learned_rpm, row.tpm or row.learned_tpm)
+
+
+@dataclass(frozen=True)
+class BudgetWait:
+    """An attempt that does not fit its budget now: why, and when the room is expected."""
+
+    budget: str
+    until: datetime
+    reason: str
+
+    def describe(self) -> str:
+        return self.reason
+
+
+def too_large(draw_tokens: int, limits: Limits) -> bool:
+    """A call whose estimate alone is more than the whole minute's tokens can never fit."""
+    return limits.tpm is not None and draw_tokens > limits.tpm
+
+
+# -- inside the transaction that starts an attempt ---------------------------------------
+
+
+def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> BudgetWait | None:
+    """None if the attempt may call now (the caller then `take`s its draw, once the attempt
+    has started in the same transaction), else the wait, recorded: the job's place among the
+    budget's waiters, and on its row why it waits and until about when."""
+    if tx.postgresql:
+        tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
+    budget = tx.execute(select(BUDGETS).where(BUDGETS.c.name == draw.budget)).first()
+    if budget is None:
+        return None
+    limits = Limits.of(budget)
+    held = tx.execute(
+        select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
+    ).scalar()
+    rank = held if held is not None else draw.priority * draw.aging_s + now.timestamp()
+    ahead_n, ahead_tokens = _ahead(tx, draw.budget, job_id, rank)
+    requests, tokens = _spent(tx, draw.budget, now)
+    paused = budget.paused_until is not None and budget.paused_until > now
+    requests_fit = limits.rpm is None or requests + ahead_n < limits.rpm
+    tokens_fit = limits.tpm is None or tokens + ahead_tokens + draw.tokens <= limits.tpm
+    if not paused and requests_fit and tokens_fit:
+        return None
+    if paused:
+        until = budget.paused_until
+        reason = (
+            f"provider budget {draw.budget} is paused by the provider's rate limit (HTTP 429) "
+            f"until {until:%H:%M:%S} UTC"
+        )
+    else:
+        until = _room_at(tx, draw, limits, requests + ahead_n, tokens + ahead_tokens, now)
+        spent = []
+        if limits.rpm is not None:
+            spent.append(f"{requests} of {limits.rpm} requests")
+        if limits.tpm is not None:
+            spent.append(f"{tokens} of {limits.tpm} tokens")
+        reason = (
+            f"provider budget {draw.budget}: {' and '.join(spent)} in the last minute"
+            + (f", {ahead_n} job(s) ahead of this one" if ahead_n else "")
+            + f"; room expected about {until:%H:%M:%S} UTC"
+        )
+    until = min(max(until, now + LEAST_WAIT), now + held_for())
+    if held is None:
+        tx.execute(
+            WAITERS.insert().values(
+                job_id=job_id, budget=draw.budget, rank=rank, tokens=draw.tokens, since=now
+            )
+        )
+    tx.execute(
+        update(JOBS)
+        .where(JOBS.c.job_id == job_id, JOBS.c.state == JobState.QUEUED)
+        .values(waiting_for=reason[:1000], next_attempt_at=until)
+    )
+    return BudgetWait(draw.budget, until, reason)
+
+
+def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> None:
+    """The started attempt's draw: one request and its estimated tokens, from now."""
+    tx.execute(
+        DRAWS.insert().values(
+            budget=draw.budget, job_id=job_id, attempt=attempt, drawn_at=now, tokens=draw.tokens
+        )
+    )
+    stop_waiting(tx, job_id)
+
+
+def stop_waiting(tx: WriteTx, job_id: str) -> None:
+    """The job no longer waits for a budget (it runs, or waits for something else)."""
+    tx.execute(delete(WAITERS).where(WAITERS.c.job_id == job_id))
+
+
+def _ahead(tx: WriteTx, budget: str, job_id: str, rank: float) -> tuple[int, int]:
+    """The waiters ranked before `rank` whose jobs still wait, and the tokens they need."""
+    ahead = (
+        select(func.count(), func.coalesce(func.sum(WAITERS.c.tokens), 0))
+        .select_from(WAITERS.join(JOBS, JOBS.c.job_id == WAITERS.c.job_id))
+        .where(
+            WAITERS.c.budget == budget,
+            WAITERS.c.rank < rank,
+            WAITERS.c.job_id != job_id,
+            JOBS.c.state == JobState.QUEUED,
+        )
+    )
+    count, tokens = tx.execute(ahead).one()
+    return int(count), int(tokens)
+
+
+def _spent(tx: WriteTx, budget: str, now: datetime) -> tuple[int, int]:
+    window = select(func.count(), func.coalesce(func.sum(DRAWS.c.tokens), 0)).where(
+        DRAWS.c.budget == budget, DRAWS.c.drawn_at > now - held_for()
+    )
+    count, tokens = tx.execute(window).one()
+    return int(count), int(tokens)
+
+
+def _room_at(
+    tx: WriteTx, draw: Draw, limits: Limits, requests: int, tokens: int, now: datetime
+) -> datetime:
+    """When enough of the window's draws will have left for this one to fit, counting what
+    the waiters before it need (a window away at most: then the whole minute is free)."""
+    rows = tx.execute(
+        select(DRAWS.c.drawn_at, DRAWS.c.tokens)
+        .where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at > now - held_for())
+        .order_by(DRAWS.c.drawn_at)
+    ).all()
+    leave_requests = 0 if limits.rpm is None else requests - limits.rpm + 1
+    leave_tokens = 0 if limits.tpm is None else tokens + draw.tokens - limits.tpm
+    left_requests = left_tokens = 0
+    for drawn_at, spent in rows:
+        left_requests += 1
+        left_tokens += spent
+        if left_requests >= leave_requests and left_tokens >= leave_tokens:
+            return drawn_at + held_for()  # type: ignore[no-any-return]
+    return now + held_for()
+
+
+# -- after the call --------------------------------------------------------------------
+
+
+def reconcile(tx: WriteTx, job_id: str, attempt: int, tokens: int) -> None:
+    """Charge the attempt's draw what the provider reported, giving back the rest."""
+    tx.execute(
+        update(DRAWS)
+        .where(DRAWS.c.job_id == job_id, DRAWS.c.attempt == attempt)
+        .values(tokens=tokens, reconciled=True)
+    )
+
+
+def rate_limited(
+    tx: WriteTx, budget: str, job_id: str, attempt: int, until: datetime, now: datetime
+) -> None:
+    """The provider answered 429: pause the budget until `until` for every worker (the
+    later pause wins), count it, and give back this call's draw (not counted by the
+    provider). A budget nobody set or taught yet is made, paused, with no limits."""
+    _ensure(tx, budget, now)
+    tx.execute(
+        update(BUDGETS)
+        .where(BUDGETS.c.name == budget)
+        .values(
+            paused_until=func.coalesce(
+                func.max(BUDGETS.c.paused_until, until)
+                if not tx.postgresql
+                else func.greatest(BUDGETS.c.paused_until, until),
+                until,
+            ),
+            rate_limited=BUDGETS.c.rate_limited + 1,
+            updated_at=now,
+        )
+    )
+    tx.execute(delete(DRAWS).where(DRAWS.c.job_id == job_id, DRAWS.c.attempt == attempt))
+
+
+def learn(tx: WriteTx, budget: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
+    """The provider's own limits, from its headers (None: it did not say)."""
+    _ensure(tx, budget, now)
+    values: dict[str, Any] = {"updated_at": now}
+    if rpm is not None:
+        values["learned_rpm"] = rpm
+    if tpm is not None:
+        values["learned_tpm"] = tpm
+    tx.execute(update(BUDGETS).where(BUDGETS.c.name == budget).values(values))
+
+
+def drawn_after(
+    tx: WriteTx, budget: str, job_id: str, attempt: int, drawn_at: datetime, tokens: int
+) -> None:
+    tx.execute(
+        DRAWS.insert().values(
+            budget=budget,
+            job_id=job_id,
+            attempt=attempt,
+            drawn_at=drawn_at,
+            tokens=tokens,
+            reconciled=True,
+        )
+    )
+
+
+def _ensure(tx: WriteTx, budget: str, now: datetime) -> None:
+    dialect_insert = pg_insert if tx.postgresql else sqlite_insert
+    tx.execute(
+        dialect_insert(BUDGETS)
+        .values(name=budget, updated_at=now, rate_limited=0)
+        .on_conflict_do_nothing()
+    )
+
+
+# -- the repository: what the worker, the dispatcher and the CLI ask ------------------
+
+
+@dataclass(frozen=True)
+class BudgetStanding:
+    """What `promptjobs budgets list` and /metrics show of one budget."""
+
+    name: str
+    rpm: int | None
+    tpm: int | None
+    own_rpm: int | None
+    own_tpm: int | None
+    learned_rpm: int | None
+    learned_tpm: int | None
+    requests: int  # drawn in the last minute
+    tokens: int  # of those, reconciled: what the provider reported
+    reserved: int  # of those, not yet reconciled: estimates of calls in flight
+    waiting: int
+    paused_until: datetime | None
+    rate_limited: int
+
+
+class Budgets:
+    """The provider budgets as stored (`JobStore.budgets`)."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
+        self.sessions = sessions
+        self.writes = writes
+
+    async def names(self) -> frozenset[str]:
+        """The budgets that may refuse a call now: with a limit, or paused."""
+        binding = or_(
+            BUDGETS.c.rpm.is_not(None),
+            BUDGETS.c.tpm.is_not(None),
+            BUDGETS.c.learned_rpm.is_not(None),
+            BUDGETS.c.learned_tpm.is_not(None),
+            BUDGETS.c.paused_until > datetime.now(UTC),
+        )
+        async with self.sessions() as session:
+            names = await session.execute(select(BUDGETS.c.name).where(binding))
+            return frozenset(names.scalars())
+
+    async def limits(self, name: str) -> Limits | None:
+        async with self.sessions() as session:
+            row = (await session.execute(select(BUDGETS).where(BUDGETS.c.name == name))).first()
+        return None if row is None else Limits.of(row)
+
+    async def set_limits(self, name: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
+        """The operator's limits for `name` (None: leave it to what the provider teaches)."""
+
+        def write(tx: WriteTx) -> None:
+            _ensure(tx, name, now)
+            tx.execute(
+                update(BUDGETS)
+                .where(BUDGETS.c.name == name)
+                .values(rpm=rpm, tpm=tpm, updated_at=now)
+            )
+
+        await self.writes.run(write)
+
+    async def forget(self, name: str) -> bool:
+        """Remove a budget: its limits, learned and set, and its pause."""
+
+        def write(tx: WriteTx) -> bool:
+            gone = tx.execute(delete(BUDGETS).where(BUDGETS.c.name == name))
+            return bool(gone.rowcount)
+
+        return await self.writes.run(write)
+
+    async def learn(self, name: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
+        await self.writes.run(lambda tx: learn(tx, name, rpm, tpm, now))
+
+    async def drawn_after(
+        self, name: str, job_id: str, attempt: int, drawn_at: datetime, tokens: int
+    ) -> None:
+        """A call made without a draw (it started before its budget was known): count it,
+        as the provider does, from when it was made."""
+        await self.writes.run(lambda tx: drawn_after(tx, name, job_id, attempt, drawn_at, tokens))
+
+    async def reconcile(self, job_id: str, attempt: int, tokens: int) -> None:
+        await self.writes.run(lambda tx: reconcile(tx, job_id, attempt, tokens))
+
+    async def rate_limited(
+        self, name: str, job_id: str, attempt: int, until: datetime, now: datetime
+    ) -> None:
+        await self.writes.run(lambda tx: rate_limited(tx, name, job_id, attempt, until, now))
+
+    async def standing(self, now: datetime) -> list[BudgetStanding]:
+        async with self.sessions() as session:
+            budgets = (await session.execute(select(BUDGETS).order_by(BUDGETS.c.name))).all()
+            drawn = {
+                name: (int(n), int(done or 0), int(pending or 0))
+                for name, n, done, pending in await session.execute(
+                    select(
+                        DRAWS.c.budget,
+                        func.count(),
+                        func.sum(DRAWS.c.tokens).filter(DRAWS.c.reconciled.is_(True)),
+                        func.sum(DRAWS.c.tokens).filter(DRAWS.c.reconciled.is_(False)),
+                    )
+                    .where(DRAWS.c.drawn_at > now - held_for())
+                    .group_by(DRAWS.c.budget)
+                )
+            }
+            waiting: dict[str, int] = dict(
+                (
+                    await session.execute(
+                        select(WAITERS.c.budget, func.count())
+                        .select_from(WAITERS.join(JOBS, JOBS.c.job_id == WAITERS.c.job_id))
+                        .where(JOBS.c.state == JobState.QUEUED)
+                        .group_by(WAITERS.c.budget)
+                    )
+                ).all()
+            )
+        standings = []
+        for row in budgets:
+            limits = Limits.of(row)
+            requests, tokens, reserved = drawn.get(row.name, (0, 0, 0))
+            standings.append(
+                BudgetStanding(
+                    name=row.name,
+                    rpm=limits.rpm,
+                    tpm=limits.tpm,
+                    own_rpm=row.rpm,
+                    own_tpm=row.tpm,
+                    learned_rpm=row.learned_rpm,
+                    learned_tpm=row.learned_tpm,
+                    requests=requests,
+                    tokens=tokens,
+                    reserved=reserved,
+                    waiting=int(waiting.get(row.name, 0)),
+                    paused_until=row.paused_until
+                    if row.paused_until and row.paused_until > now
+                    else None,
+                    rate_limited=row.rate_limited,
+                )
+            )
+        return standings
+
+    async def to_wake(self, now: datetime, batch: int = 1000) -> list[str]:
+        """The waiting jobs to wake now: of each budget with room, as many of its first-ranked
+        waiters as the room takes. Waiters whose jobs no longer wait are dropped first."""
+        woken: list[str] = []
+        async with self.sessions() as session:
+            names = list((await session.execute(select(WAITERS.c.budget).distinct())).scalars())
+        if not names:
+            return woken
+
+        def tidy(tx: WriteTx) -> None:
+            settled = select(JOBS.c.job_id).where(
+                JOBS.c.job_id == WAITERS.c.job_id, JOBS.c.state != JobState.QUEUED
+            )
+            tx.execute(delete(WAITERS).where(settled.exists()))
+
+        await self.writes.run(tidy)
+        async with self.sessions() as session:
+            for name in names:
+                row = (await session.execute(select(BUDGETS).where(BUDGETS.c.name == name))).first()
+                if row is not None and row.paused_until is not None and row.paused_until > now:
+                    continue
+                limits = Limits.of(row) if row is not None else Limits(None, None)
+                requests, tokens = (
+                    await session.execute(
+                        select(func.count(), func.coalesce(func.sum(DRAWS.c.tokens), 0)).where(
+                            DRAWS.c.budget == name, DRAWS.c.drawn_at > now - held_for()
+                        )
+                    )
+                ).one()
+                room_requests = batch if limits.rpm is None else limits.rpm - int(requests)
+                room_tokens = math.inf if limits.tpm is None else limits.tpm - int(tokens)
+                first = await session.execute(
+                    select(WAITERS.c.job_id, WAITERS.c.tokens)
+                    .where(WAITERS.c.budget == name)
+                    .order_by(WAITERS.c.rank, WAITERS.c.job_id)
+                    .limit(max(0, min(room_requests, batch)))
+                )
+                for job_id, needs in first:
+                    if needs > room_tokens:
+                        break
+                    room_tokens -= needs
+                    woken.append(job_id)
+        return woken
