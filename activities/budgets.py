@@ -34,30 +34,37 @@ class WorkerBudgets:
     # Each priority point is worth this many seconds of waiting (PROMPTJOBS_PRIORITY_AGING_S).
     aging_s: float = 5.0
     refresh_s: float = 2.0
-    _names: frozenset[str] = frozenset()
+    # Every budget the store has, and whether it may refuse a call (a limit, pause, probe).
+    _known: dict[str, bool] = field(default_factory=dict)
     _read_at: float = -1e9
-    _learned: dict[str, ProviderLimits] = field(default_factory=dict)
+    _learned: dict[str, ProviderLimits | None] = field(default_factory=dict)
     _typical: dict[str, float] = field(default_factory=dict)
 
-    async def names(self) -> frozenset[str]:
+    async def refresh(self) -> None:
         if time.monotonic() - self._read_at >= self.refresh_s:
-            self._names = await self.store.names()
+            self._known = await self.store.known()
             self._read_at = time.monotonic()
-        return self._names
+
+    def may_bind(self) -> bool:
+        """Whether any attempt of this worker may have to draw: a budget binds, or a
+        configured provider says its limits (its first call on a model probes them)."""
+        return any(self._known.values()) or self.adapters.learning_limits()
 
     def name_of(self, job: Job, prompt: Prompt) -> str:
         options = job_options(job, prompt)
         return budget_name(self.adapters.provider_of(options), self.adapters.model_of(options))
 
-    async def draw_for(self, job: Job, prompt: Prompt) -> Draw | None:
-        """What the attempt reserves, if its provider and model have a budget."""
-        names = await self.names()
-        if not names:
-            return None
+    def draw_of(self, job: Job, prompt: Prompt) -> Draw | None:
+        """What the attempt reserves, if its provider and model may have a budget: one that
+        binds, or none yet on a provider that says its limits (the call then probes them)."""
+        options = job_options(job, prompt)
         name = self.name_of(job, prompt)
-        if name not in names:
+        binds = self._known.get(name)
+        learns = self.adapters.learns_limits(options)
+        if binds is False or (binds is None and not learns):
             return None
-        return Draw(name, self.estimate(job, prompt, name), job.priority, self.aging_s)
+        tokens = self.estimate(job, prompt, name)
+        return Draw(name, tokens, job.priority, self.aging_s, probe=learns)
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options = job_options(job, prompt)
@@ -93,13 +100,15 @@ class WorkerBudgets:
         (written only when it changed: most answers repeat the last). A call the provider
         `counted` that drew nothing (its budget was not known when it started) is counted
         now, so the budget's minute holds what the provider's does."""
-        if limits is not None and self._learned.get(name) != limits:
-            await self.store.learn(name, limits.rpm, limits.tpm, datetime.now(UTC))
+        if name not in self._learned or (limits is not None and self._learned[name] != limits):
+            # What the provider says of its limits (nothing: a probe is over all the same).
+            said = limits or ProviderLimits(None, None)
+            await self.store.learn(name, said.rpm, said.tpm, datetime.now(UTC))
             self._learned[name] = limits
-            self._names = self._names | {name}
+            self._known[name] = limits is not None or self._known.get(name, False)
         if drew:
             await self.store.reconcile(job_id, attempt, tokens)
-        elif counted and name in self._names:
+        elif counted and self._known.get(name):
             await self.store.drawn_after(name, job_id, attempt, started_at, tokens)
         if counted:
             seen = self._typical.get(name)
@@ -111,5 +120,5 @@ class WorkerBudgets:
         now = datetime.now(UTC)
         until = now + timedelta(seconds=wait_s)
         await self.store.rate_limited(name, job_id, attempt, until, now)
-        self._names = self._names | {name}
+        self._known[name] = True
         return until

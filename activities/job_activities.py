@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -41,6 +42,7 @@ from projections.budgets import Draw
 from projections.chain_store import ChainStore
 from projections.domain.lifecycle import BackoffPolicy, JobState
 from projections.ids import response_id_for
+from projections.models import Job, Prompt
 from projections.projector import Transition
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
@@ -100,11 +102,11 @@ class JobActivities:
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         org_limit = self.org_max_running if call.admission else None
-        draw = await self._draw(call)
+        draw_of = await self._draw_of(call)
         started = await through_outages(
             "start attempt",
             lambda: self.projector.start_attempt(
-                call.job_id, attempt, self.worker, org_limit=org_limit, draw=draw
+                call.job_id, attempt, self.worker, org_limit=org_limit, draw_of=draw_of
             ),
         )
         if started.budget_wait is not None:
@@ -138,6 +140,7 @@ class JobActivities:
         async with DelayedReport(
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
+            draw = started.draw if started.drew else None
             done = await Attempt(self.tools, call, attempt, job, prompt, running, draw).run()
         if not call.settle_success:
             await self.tools.end_attempt(done.tail, done.usage)
@@ -146,13 +149,13 @@ class JobActivities:
         # The response text is in the projection now; it need not enter workflow history.
         return replace(done.outcome, text="", settled=settled)
 
-    async def _draw(self, call: AdapterCall) -> Draw | None:
-        """What the attempt must draw on its provider budget, if it has one (the job and its
-        prompt are read first only where some budget exists)."""
-        if not call.budget or not await self.tools.budgets.names():
+    async def _draw_of(self, call: AdapterCall) -> Callable[[Job, Prompt], Draw | None] | None:
+        """How the attempt's start decides its draw on a provider budget, where any may
+        bind (otherwise the start reads nothing more than before)."""
+        if not call.budget:
             return None
-        job, prompt = await self.tools.load(call.job_id)
-        return await self.tools.budgets.draw_for(job, prompt)
+        await self.tools.budgets.refresh()
+        return self.tools.budgets.draw_of if self.tools.budgets.may_bind() else None
 
     async def _settlement(self, job_id: str, attempt: int) -> AdapterOutcome:
         job, _prompt = await self.tools.load(job_id)

@@ -255,6 +255,8 @@ class Service:
     temporal_address: str
     embedded: bool = False
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # More PROMPTJOBS_* variables for every process (a provider's base URL and key).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
         s = self.settings
@@ -271,6 +273,7 @@ class Service:
             # One org submits everything here: no running limit, so the figures are the
             # path's and the engine's (the admission still runs, and is measured).
             "PROMPTJOBS_ORG_MAX_RUNNING": "0",
+            **self.extra_env,
         }
 
     def spawn(self, command: str) -> subprocess.Popen[bytes]:
@@ -334,12 +337,17 @@ def bench_settings(data_dir: Path, **overrides: object) -> Settings:
 
 @contextlib.asynccontextmanager
 async def service(
-    temporal_address: str, data_dir: Path, *, embedded: bool = False, **overrides: object
+    temporal_address: str,
+    data_dir: Path,
+    *,
+    embedded: bool = False,
+    extra_env: dict[str, str] | None = None,
+    **overrides: object,
 ) -> AsyncIterator[tuple[Service, Projection, httpx.AsyncClient]]:
     """API process (real HTTP), no worker yet unless `embedded`; a projection and an
-    authenticated client."""
+    authenticated client. `extra_env`: more variables for the processes."""
     settings = bench_settings(data_dir, **overrides)
-    svc = Service(settings, temporal_address, embedded)
+    svc = Service(settings, temporal_address, embedded, extra_env=dict(extra_env or {}))
     async with open_projection(settings) as projection:
         try:
             await svc.start_api()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select, text, update
@@ -70,14 +71,31 @@ def budget_name(provider: str, model: str) -> str:
     return f"{provider}/{model}"[:200]
 
 
+# How long the first call on a provider and model may take to say its limits before another
+# call probes instead (its worker died, say).
+PROBE_FOR = timedelta(seconds=30)
+# How soon a call waiting for a probe asks again (the probe's answer also wakes it).
+PROBE_RECHECK = timedelta(milliseconds=250)
+
+
 @dataclass(frozen=True)
 class Draw:
-    """What an attempt asks of a budget before its call: one request and `tokens`."""
+    """What an attempt asks of a budget before its call: one request and `tokens`. `probe`:
+    its provider says its limits in its answers, so a call on a provider and model with no
+    budget yet goes alone first, to learn them."""
 
     budget: str
     tokens: int
     priority: int
     aging_s: float
+    probe: bool = False
+
+
+class Room(Enum):
+    """A call may go: drawing on its budget (which has limits), or free (none known)."""
+
+    DRAW = "draw"
+    FREE = "free"
 
 
 @dataclass(frozen=True)
@@ -112,27 +130,53 @@ def too_large(draw_tokens: int, limits: Limits) -> bool:
 # -- inside the transaction that starts an attempt ---------------------------------------
 
 
-def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> BudgetWait | None:
-    """None if the attempt may call now (the caller then `take`s its draw, once the attempt
-    has started in the same transaction), else the wait, recorded: the job's place among the
-    budget's waiters, and on its row why it waits and until about when."""
+def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Room | BudgetWait:
+    """Whether the attempt may call now (with Room.DRAW the caller then `take`s its draw, once
+    the attempt has started in the same transaction), else the wait, recorded: the job's
+    place among the budget's waiters, and on its row why it waits and until about when.
+
+    The first call on a provider and model that says its limits is a probe: it goes alone,
+    and the others wait for its answer (PROBE_FOR at most), so a cold backlog does not hit
+    the provider all at once before anyone knows its limits."""
     if tx.postgresql:
         tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
     budget = tx.execute(select(BUDGETS).where(BUDGETS.c.name == draw.budget)).first()
     if budget is None:
-        return None
+        if draw.probe:
+            tx.execute(
+                BUDGETS.insert().values(
+                    name=draw.budget, probe_until=now + PROBE_FOR, updated_at=now, rate_limited=0
+                )
+            )
+        return Room.FREE
     limits = Limits.of(budget)
+    paused = budget.paused_until is not None and budget.paused_until > now
+    if limits.rpm is None and limits.tpm is None and not paused:
+        if budget.probe_until is None:
+            return Room.FREE
+        if budget.probe_until <= now:
+            # The probe never answered: this call probes instead.
+            tx.execute(
+                update(BUDGETS)
+                .where(BUDGETS.c.name == draw.budget)
+                .values(probe_until=now + PROBE_FOR)
+            )
+            return Room.FREE
+        reason = (
+            f"provider budget {draw.budget}: waiting for the provider's first answer, which "
+            "says its rate limits"
+        )
+        return _wait(tx, job_id, draw, None, now + PROBE_RECHECK, reason, now)
     held = tx.execute(
         select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
     ).scalar()
     rank = held if held is not None else draw.priority * draw.aging_s + now.timestamp()
     ahead_n, ahead_tokens = _ahead(tx, draw.budget, job_id, rank)
     requests, tokens = _spent(tx, draw.budget, now)
-    paused = budget.paused_until is not None and budget.paused_until > now
     requests_fit = limits.rpm is None or requests + ahead_n < limits.rpm
     tokens_fit = limits.tpm is None or tokens + ahead_tokens + draw.tokens <= limits.tpm
     if not paused and requests_fit and tokens_fit:
-        return None
+        return Room.DRAW
     if paused:
         until = budget.paused_until
         reason = (
@@ -151,11 +195,24 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> BudgetWait | N
             + (f", {ahead_n} job(s) ahead of this one" if ahead_n else "")
             + f"; room expected about {until:%H:%M:%S} UTC"
         )
+    return _wait(tx, job_id, draw, rank if held is None else None, until, reason, now)
+
+
+def _wait(
+    tx: WriteTx,
+    job_id: str,
+    draw: Draw,
+    new_rank: float | None,
+    until: datetime,
+    reason: str,
+    now: datetime,
+) -> BudgetWait:
+    """Record the wait: a new waiter's place (`new_rank`), and why on the job's row."""
     until = min(max(until, now + LEAST_WAIT), now + held_for())
-    if held is None:
+    if new_rank is not None:
         tx.execute(
             WAITERS.insert().values(
-                job_id=job_id, budget=draw.budget, rank=rank, tokens=draw.tokens, since=now
+                job_id=job_id, budget=draw.budget, rank=new_rank, tokens=draw.tokens, since=now
             )
         )
     tx.execute(
@@ -167,7 +224,11 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> BudgetWait | N
 
 
 def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> None:
-    """The started attempt's draw: one request and its estimated tokens, from now."""
+    """The started attempt's draw: one request and its estimated tokens, from now (and the
+    budget's draws that no longer count go)."""
+    tx.execute(
+        delete(DRAWS).where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at <= now - held_for())
+    )
     tx.execute(
         DRAWS.insert().values(
             budget=draw.budget, job_id=job_id, attempt=attempt, drawn_at=now, tokens=draw.tokens
@@ -263,9 +324,9 @@ def rate_limited(
 
 
 def learn(tx: WriteTx, budget: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
-    """The provider's own limits, from its headers (None: it did not say)."""
+    """The provider's own limits, from its headers (None: it did not say); a probe is over."""
     _ensure(tx, budget, now)
-    values: dict[str, Any] = {"updated_at": now}
+    values: dict[str, Any] = {"updated_at": now, "probe_until": None}
     if rpm is not None:
         values["learned_rpm"] = rpm
     if tpm is not None:
@@ -326,18 +387,19 @@ class Budgets:
         self.sessions = sessions
         self.writes = writes
 
-    async def names(self) -> frozenset[str]:
-        """The budgets that may refuse a call now: with a limit, or paused."""
+    async def known(self) -> dict[str, bool]:
+        """Every budget, and whether it may refuse a call now (a limit, a pause, a probe)."""
         binding = or_(
             BUDGETS.c.rpm.is_not(None),
             BUDGETS.c.tpm.is_not(None),
             BUDGETS.c.learned_rpm.is_not(None),
             BUDGETS.c.learned_tpm.is_not(None),
             BUDGETS.c.paused_until > datetime.now(UTC),
+            BUDGETS.c.probe_until.is_not(None),
         )
         async with self.sessions() as session:
-            names = await session.execute(select(BUDGETS.c.name).where(binding))
-            return frozenset(names.scalars())
+            rows = await session.execute(select(BUDGETS.c.name, binding))
+            return {name: bool(binds) for name, binds in rows}
 
     async def limits(self, name: str) -> Limits | None:
         async with self.sessions() as session:
@@ -457,6 +519,8 @@ class Budgets:
                 if row is not None and row.paused_until is not None and row.paused_until > now:
                     continue
                 limits = Limits.of(row) if row is not None else Limits(None, None)
+                if row is not None and row.probe_until is not None and row.probe_until > now:
+                    continue  # the probe's answer is not in yet
                 requests, tokens = (
                     await session.execute(
                         select(func.count(), func.coalesce(func.sum(DRAWS.c.tokens), 0)).where(

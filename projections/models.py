@@ -339,6 +339,9 @@ class ProviderBudget(Base):
     learned_tpm: Mapped[int | None] = mapped_column(Integer)
     # No call draws from it before this (the provider's Retry-After on its last 429).
     paused_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # While set (and no limit known), one call is out to learn the provider's limits from its
+    # answer; the others wait for it. Past it, the next call probes again.
+    probe_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # 429s the provider answered on it, all told.
     rate_limited: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -85,6 +85,9 @@ class Applied:
     waiting: Waiting | None = None
     # Set when it could not start because its provider budget has no room now.
     budget_wait: BudgetWait | None = None
+    # The provider budget the attempt's call draws on, and whether it took a draw.
+    draw: Draw | None = None
+    drew: bool = False
     # An attempt that started: its row and its prompt, read in the same transaction (the
     # call needs both; a read of its own cost the worker more than the write).
     job: Job | None = None
@@ -215,14 +218,28 @@ def _applied(job: Job) -> Applied:
     )
 
 
-def _started(tx: WriteTx, job: Job, events: list[int]) -> Applied:
-    """An attempt that began: the row as it stands and its prompt, for the call."""
+def _started(tx: WriteTx, job: Job, events: list[int], prompt: Prompt | None = None) -> Applied:
+    """An attempt that began: the row as it stands and its prompt (read now, unless the
+    transaction already did), for the call."""
+    prompt = prompt if prompt is not None else _prompt_of(tx, job.prompt_id)
+    return Applied(True, job.state, job.attempt, events, job=job, prompt=prompt)
+
+
+def _prompt_of(tx: WriteTx, prompt_id: str) -> Prompt:
     statement = prepared(
         tx, ("prompt of job",), lambda: select(PROMPTS).where(PROMPTS.c.prompt_id == bindparam("p"))
     )
-    row = statement.run(tx, {"p": job.prompt_id})
-    assert row is not None, job.prompt_id
-    return Applied(True, job.state, job.attempt, events, job=job, prompt=Prompt(**row))
+    row = statement.run(tx, {"p": prompt_id})
+    assert row is not None, prompt_id
+    return Prompt(**row)
+
+
+def _job_row(tx: WriteTx, job_id: str) -> Job | None:
+    statement = prepared(
+        tx, ("job by id",), lambda: select(JOBS).where(JOBS.c.job_id == bindparam("j"))
+    )
+    row = statement.run(tx, {"j": job_id})
+    return None if row is None else Job(**row)
 
 
 def _waiting_children(tx: WriteTx, prompt_id: str) -> list[str]:
@@ -296,11 +313,12 @@ class Projector:
         worker: str,
         *,
         org_limit: int | None = None,
-        draw: Draw | None = None,
+        draw_of: Callable[[Job, Prompt], Draw | None] | None = None,
     ) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
-        worker_crash before starting this one. With `draw` the call must first fit its
+        worker_crash before starting this one. With `draw_of` (what the job's call would
+        draw, from the job and its prompt, read here first) the call must first fit its
         provider budget (projections/budgets.py), and takes its draw as it starts; with
         `org_limit` (the default running limit) the job must hold one of its org's slots
         (projections/admission.py). Refused either, nothing changes but the record of the
@@ -309,15 +327,20 @@ class Projector:
 
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
-            if draw is not None:
-                seen = current(tx, job_id)
-                startable = seen is not None and (
-                    seen.state is JobState.QUEUED
-                    or (seen.state is JobState.RUNNING and seen.attempt < attempt)
+            draw: Draw | None = None
+            drew = False
+            prompt: Prompt | None = None
+            if draw_of is not None and (seen := _job_row(tx, job_id)) is not None:
+                prompt = _prompt_of(tx, seen.prompt_id)
+                startable = seen.state is JobState.QUEUED or (
+                    seen.state is JobState.RUNNING and seen.attempt < attempt
                 )
-                if startable and (wait := budgets.check(tx, job_id, draw, now)):
-                    assert seen is not None
-                    return Applied(False, seen.state, seen.attempt, budget_wait=wait)
+                draw = draw_of(seen, prompt) if startable else None
+                if draw is not None:
+                    room = budgets.check(tx, job_id, draw, now)
+                    if isinstance(room, BudgetWait):
+                        return Applied(False, seen.state, seen.attempt, budget_wait=room)
+                    drew = room is budgets.Room.DRAW
             if org_limit is not None and (waiting := admit(tx, job_id, org_limit, now)):
                 if draw is not None:
                     budgets.stop_waiting(tx, job_id)
@@ -326,10 +349,11 @@ class Projector:
                 return Applied(False, seen.state, seen.attempt, waiting=waiting)
             job = transition(tx, running, now)
             if job is not None:
-                if draw is not None:
+                if draw is not None and drew:
                     budgets.take(tx, job_id, attempt, draw, now)
                 reset_output(tx, job, now)
-                return _started(tx, job, [job.last_event_id])
+                started = _started(tx, job, [job.last_event_id], prompt)
+                return replace(started, draw=draw, drew=drew)
             seen = current(tx, job_id)
             if seen is None:
                 raise LookupError(f"no job {job_id}")
@@ -350,10 +374,10 @@ class Projector:
             events = [j.last_event_id for j in (lost, job) if j is not None]
             if job is None:
                 return Applied(False, *_state_of(tx, job_id), events)
-            if draw is not None:
+            if draw is not None and drew:
                 budgets.take(tx, job_id, attempt, draw, now)
             reset_output(tx, job, now)
-            return _started(tx, job, events)
+            return replace(_started(tx, job, events, prompt), draw=draw, drew=drew)
 
         return self._committed(await self.writes.run(write))
 

@@ -186,3 +186,16 @@ class AdapterRegistry:
 
     def validate(self, options: Mapping[str, Any]) -> None:
         self.get(options).validate(options)
+
+    def learns_limits(self, options: Mapping[str, Any]) -> bool:
+        """Whether the job's provider says its rate limits in its answers (a chat provider;
+        not the fake)."""
+        adapter = self._adapters.get(self.provider_of(options))
+        return bool(getattr(adapter, "says_limits", False))
+
+    def learning_limits(self) -> bool:
+        """Whether any provider this deployment can run says its rate limits."""
+        return any(
+            getattr(adapter, "says_limits", False) and adapter.configured
+            for adapter in self._adapters.values()
+        )

@@ -49,6 +49,8 @@ class ChatAdapter(Generic[OptionsT]):
     credential: str
     default_base_url: str
     options_shape: type[OptionsT]
+    # Its answers carry the provider's rate limits (projections/budgets.py learns them).
+    says_limits = True
 
     def __init__(
         self, *, api_key: SecretStr | None, base_url: str | None, timeout_s: float, model: str

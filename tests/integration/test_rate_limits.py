@@ -128,26 +128,27 @@ async def test_a_burst_past_the_limit_waits_for_the_budget_instead_of_failing(
     assert all(job["attempt"] == 1 for job in settled)
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.usefixtures("short_window")
-async def test_the_budget_is_learned_from_the_providers_headers(
-    dev_server: WorkflowEnvironment, tmp_path: Path
+async def test_a_cold_burst_learns_the_limits_from_the_first_answer(
+    dev_server: WorkflowEnvironment, tmp_path: Path, provider: str
 ) -> None:
+    # No budget configured: the first call goes alone, and its answer's headers set the
+    # budget every other call then draws on.
     async with limited_mock(rpm=3, tpm=100_000) as mock:
         settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2)
         async with running_stack(settings, dev_server.client) as stack:
-            [first] = await burst(stack, "openai", 1)
+            settled = await burst(stack, provider, 7, max_attempts=1)
             [budget] = await stack.projection.store.budgets.standing(datetime.now(UTC))
-            assert (budget.name, budget.learned_rpm, budget.learned_tpm) == (
-                "openai/gpt-test",
-                3,
-                100_000,
-            )
-            assert (budget.own_rpm, budget.rpm) == (None, 3)
-            settled = await burst(stack, "openai", 6, max_attempts=1)
             requests, refused = await mock_counts(mock)
-    assert first["state"] == "succeeded"
-    assert [job["state"] for job in settled] == ["succeeded"] * 6
+    assert [job["state"] for job in settled] == ["succeeded"] * 7
     assert (requests, refused) == (7, 0)
+    assert (budget.name, budget.learned_rpm, budget.learned_tpm) == (
+        f"{provider}/gpt-test",
+        3,
+        100_000,
+    )
+    assert (budget.own_rpm, budget.rpm, budget.rate_limited) == (None, 3, 0)
 
 
 async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
