@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -77,7 +77,54 @@ UNPRICED = Counter(
     ["provider", "model", "org"],
 )
 
-ALL = (SUBMISSIONS, TRANSITIONS, ADAPTER_LATENCY, JOBS, TOKENS, COST, UNPRICED)
+BUDGET_LIMIT = Gauge(
+    "promptjobs_budget_limit",
+    "A provider budget's limit a minute (the operator's, else the provider's), by unit "
+    "(requests or tokens); absent: no limit",
+    ["budget", "unit"],
+)
+BUDGET_USED = Gauge(
+    "promptjobs_budget_used",
+    "What a provider budget's last minute spent, by unit (requests; tokens the provider "
+    "reported, plus those reserved by calls in flight)",
+    ["budget", "unit"],
+)
+BUDGET_RESERVED = Gauge(
+    "promptjobs_budget_reserved_tokens",
+    "Tokens reserved by a provider budget's calls in flight (estimates not yet reconciled)",
+    ["budget"],
+)
+BUDGET_WAITING = Gauge(
+    "promptjobs_budget_waiting_jobs",
+    "Jobs queued waiting for room in a provider budget",
+    ["budget"],
+)
+BUDGET_PAUSED = Gauge(
+    "promptjobs_budget_paused",
+    "1 while a provider budget is paused by the provider's 429 (its Retry-After), else 0",
+    ["budget"],
+)
+BUDGET_RATE_LIMITED = Gauge(
+    "promptjobs_budget_rate_limited",
+    "429s a provider answered on a budget, all told (as stored: every worker's)",
+    ["budget"],
+)
+
+ALL = (
+    SUBMISSIONS,
+    TRANSITIONS,
+    ADAPTER_LATENCY,
+    JOBS,
+    TOKENS,
+    COST,
+    UNPRICED,
+    BUDGET_LIMIT,
+    BUDGET_USED,
+    BUDGET_RESERVED,
+    BUDGET_WAITING,
+    BUDGET_PAUSED,
+    BUDGET_RATE_LIMITED,
+)
 
 
 def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str]:
@@ -112,6 +159,47 @@ def count_usage(usage: UsageRecord, org: str) -> None:
         COST.labels(**labels).inc(usage.cost_usd)
 
 
+class BudgetFigures(Protocol):
+    """What /metrics shows of one provider budget (projections/budgets.BudgetStanding)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def rpm(self) -> int | None: ...
+    @property
+    def tpm(self) -> int | None: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def reserved(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def paused_until(self) -> object | None: ...
+    @property
+    def rate_limited(self) -> int: ...
+
+
+def record_budgets(budgets: Iterable[BudgetFigures]) -> None:
+    """Each budget's figures (the budget's name is bounded as a model's is: a tenant's
+    options name the model)."""
+    for gauge in (BUDGET_LIMIT, BUDGET_USED, BUDGET_RESERVED, BUDGET_WAITING, BUDGET_PAUSED):
+        gauge.clear()
+    for b in budgets:
+        name = model_label(b.name)
+        for unit, limit in (("requests", b.rpm), ("tokens", b.tpm)):
+            if limit is not None:
+                BUDGET_LIMIT.labels(budget=name, unit=unit).set(limit)
+        BUDGET_USED.labels(budget=name, unit="requests").set(b.requests)
+        BUDGET_USED.labels(budget=name, unit="tokens").set(b.tokens + b.reserved)
+        BUDGET_RESERVED.labels(budget=name).set(b.reserved)
+        BUDGET_WAITING.labels(budget=name).set(b.waiting)
+        BUDGET_PAUSED.labels(budget=name).set(0 if b.paused_until is None else 1)
+        BUDGET_RATE_LIMITED.labels(budget=name).set(b.rate_limited)
+
+
 def record_queue_depth(counts: dict[JobState, int]) -> None:
     for state in (JobState.QUEUED, JobState.RUNNING):
         JOBS.labels(state=state.value).set(counts.get(state, 0))
@@ -125,9 +213,13 @@ class QueueDepth:
     per interval. Concurrent scrapes share the one read in flight."""
 
     def __init__(
-        self, read: Callable[[], Awaitable[dict[JobState, int]]], max_age_s: float
+        self,
+        read: Callable[[], Awaitable[dict[JobState, int]]],
+        max_age_s: float,
+        budgets: Callable[[], Awaitable[Iterable[BudgetFigures]]] | None = None,
     ) -> None:
         self._read = read
+        self._budgets = budgets
         self._max_age_s = max_age_s
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
@@ -138,4 +230,6 @@ class QueueDepth:
             if self._read_at is not None and now - self._read_at < self._max_age_s:
                 return
             record_queue_depth(await self._read())
+            if self._budgets is not None:
+                record_budgets(await self._budgets())
             self._read_at = time.monotonic()

@@ -17,11 +17,13 @@ import typer
 
 from activities.adapters.base import InvalidOptions
 from projections import operations
+from projections.budgets import BudgetStanding
 from projections.domain.lifecycle import JobState
 from projections.errors import InvalidState, NotFound, RetryLimit
 from projections.event_log import utcnow
 from projections.models import Job, JobEvent, WorkerProcess
 from projections.scope import Scope
+from promptjobs.cli_budgets import budgets_table, standing_json
 from promptjobs.console import (
     JOB_COLUMNS,
     CliError,
@@ -379,14 +381,15 @@ def archive(
 
 
 def status(as_json: JsonOpt = False) -> None:
-    """The fleet at a glance: jobs per state, workers seen in the projection, and Temporal's
-    pollers on the task queue (with when each last polled)."""
-    health, registered, temporal = run(_status())
+    """The fleet at a glance: jobs per state, workers seen in the projection, provider
+    budgets, and Temporal's pollers on the task queue (with when each last polled)."""
+    health, registered, budgets, temporal = run(_status())
     if as_json:
         emit_json(
             {
                 "projection": asdict(health),
                 "registered_workers": [_registered(w) for w in registered],
+                "provider_budgets": [standing_json(b) for b in budgets],
                 "temporal": temporal,
             }
         )
@@ -420,6 +423,8 @@ def status(as_json: JsonOpt = False) -> None:
             ),
         )
     )
+    if budgets:
+        out.print(budgets_table(budgets))
     if temporal.get("error"):
         typer.echo(f"Temporal at {temporal['address']}: unreachable ({temporal['error']})")
         return
@@ -469,12 +474,15 @@ def _registered(worker: WorkerProcess) -> dict[str, Any]:
     }
 
 
-async def _status() -> tuple[operations.ProjectionHealth, list[WorkerProcess], dict[str, Any]]:
+async def _status() -> tuple[
+    operations.ProjectionHealth, list[WorkerProcess], list[BudgetStanding], dict[str, Any]
+]:
     settings = Settings()
     async with open_projection(settings, streams=False, create=False) as projection:
         since = utcnow() - timedelta(seconds=WORKERS_SEEN_S)
         health = await projection.store.operations.projection_health(workers_since=since)
         registered = await projection.store.workers.since(since)
+        budgets = await projection.store.budgets.standing(utcnow())
     temporal: dict[str, Any] = {
         "address": settings.temporal_address,
         "task_queue": settings.temporal_task_queue,
@@ -484,4 +492,4 @@ async def _status() -> tuple[operations.ProjectionHealth, list[WorkerProcess], d
         temporal["pollers"] = await task_queue_pollers(client, settings.temporal_task_queue)
     except (RuntimeError, OSError) as err:  # connect failures surface as RuntimeError
         temporal["error"] = str(err).splitlines()[0]
-    return health, registered, temporal
+    return health, registered, budgets, temporal

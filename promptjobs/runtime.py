@@ -8,7 +8,7 @@ import logging
 import shutil
 import sys
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +114,9 @@ def build_app(
             sse_max_lifetime_s=settings.sse_max_lifetime_s,
             keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),
             queue_depth=QueueDepth(
-                projection.store.operations.jobs_by_state, settings.metrics_cache_s
+                projection.store.operations.jobs_by_state,
+                settings.metrics_cache_s,
+                budgets=lambda: projection.store.budgets.standing(datetime.now(UTC)),
             ),
             metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )

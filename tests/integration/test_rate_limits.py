@@ -21,6 +21,8 @@ from promptjobs import mock_provider
 from tests.conftest import (
     MockProviderServer,
     Stack,
+    cli,
+    cli_json,
     eventually,
     free_port,
     make_settings,
@@ -219,3 +221,48 @@ async def test_under_a_binding_budget_urgent_work_goes_first_and_old_work_is_not
     later = [job for at, job in stream if at > 1.8]
     assert later, "the stream should outlast the aging"
     assert all(started(old) < started(job) for job in later)
+
+
+@pytest.mark.usefixtures("short_window")
+async def test_operators_set_and_read_budgets_and_a_waiting_job_says_why(stack: Stack) -> None:
+    said = (await cli(stack, "budgets", "set", "fake/fake-1", "--rpm", "1")).output
+    assert "fake/fake-1: at most 1 requests a minute, fleet-wide" in said
+    first = await stack.submit("takes the room", options={"fake": {"latency_ms": 10}})
+    await stack.settled(first["job_id"])
+    waiting = await stack.submit("waits")
+
+    async def row() -> dict[str, Any]:
+        return await stack.job(waiting["job_id"])
+
+    queued = await eventually(row, lambda job: job["waiting_for"] is not None)
+    assert queued["state"] == "queued" and queued["attempt"] == 0
+    assert (
+        "provider budget fake/fake-1: 1 of 1 requests in the last minute" in (queued["waiting_for"])
+    )
+    assert parse_time(queued["next_attempt_at"]) > parse_time(queued["created_at"])
+    [listed] = await cli_json(stack, "budgets", "list")
+    assert (listed["budget"], listed["rpm"], listed["limits_from"]) == (
+        "fake/fake-1",
+        1,
+        "operator",
+    )
+    assert (listed["requests_last_minute"], listed["waiting"]) == (1, 1)
+    assert "fake/fake-1" in (await cli(stack, "budgets", "list")).output
+    assert (await cli_json(stack, "status"))["provider_budgets"][0]["waiting"] == 1
+    async with httpx.AsyncClient(base_url=stack.base_url) as anonymous:
+        scraped = (await anonymous.get("/metrics")).text
+    assert 'promptjobs_budget_limit{budget="fake/fake-1",unit="requests"} 1.0' in scraped
+    assert 'promptjobs_budget_waiting_jobs{budget="fake/fake-1"} 1.0' in scraped
+    assert 'promptjobs_budget_used{budget="fake/fake-1",unit="requests"} 1.0' in scraped
+    done = await stack.settled(waiting["job_id"], timeout=30)
+    assert done["state"] == "succeeded" and done["waiting_for"] is None
+
+    await cli(stack, "budgets", "set", "fake/fake-1", "--learned")
+    [listed] = await cli_json(stack, "budgets", "list")
+    assert (listed["rpm"], listed["limits_from"]) == (None, None)
+    from typer.testing import CliRunner
+
+    from promptjobs.cli import app
+
+    refused = CliRunner().invoke(app, ["budgets", "set", "no-slash", "--rpm", "1"])
+    assert refused.exit_code != 0 and "provider/model" in str(refused.exception)
