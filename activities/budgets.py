@@ -10,8 +10,10 @@ the adapter's default, else the typical answer this worker has seen on the budge
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from activities.adapters.base import AdapterRegistry, ProviderLimits
 from projections.budgets import Budgets, Draw, budget_name
@@ -25,6 +27,23 @@ FIRST_ANSWER_TOKENS = 256
 
 def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def answer_limit(adapters: AdapterRegistry, options: Mapping[str, Any]) -> int | None:
+    """The most tokens the answer may have: the job's `max_tokens`, else its adapter's
+    default (None: the provider decides)."""
+    given = options.get("max_tokens")
+    if isinstance(given, int) and given > 0:
+        return given
+    default = getattr(adapters.get(options), "max_tokens", None)
+    return default if isinstance(default, int) else None
+
+
+def least_tokens(adapters: AdapterRegistry, text: str, options: Mapping[str, Any]) -> int:
+    """What a call surely counts against a token limit: its prompt and system text, and its
+    answer limit where it has one (providers count `max_tokens` when the request arrives)."""
+    system = str(options.get("system") or "")
+    return estimate_tokens(system + text) + (answer_limit(adapters, options) or 0)
 
 
 @dataclass
@@ -68,20 +87,11 @@ class WorkerBudgets:
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options = job_options(job, prompt)
-        system = str(options.get("system") or "")
-        answer = options.get("max_tokens")
-        if not isinstance(answer, int) or answer <= 0:
-            adapter = self.adapters.get(options)
-            default = getattr(adapter, "max_tokens", None)
-            typical = self._typical.get(name)
-            answer = (
-                default
-                if isinstance(default, int)
-                else round(typical)
-                if typical is not None
-                else FIRST_ANSWER_TOKENS
-            )
-        return estimate_tokens(system + prompt.text) + answer
+        least = least_tokens(self.adapters, prompt.text, options)
+        if answer_limit(self.adapters, options) is not None:
+            return least
+        typical = self._typical.get(name)
+        return least + (round(typical) if typical is not None else FIRST_ANSWER_TOKENS)
 
     async def after_call(
         self,

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
 from api.schemas import REQUEST_FIELDS, unknown_field
+from projections.budgets import OverBudget
 from projections.errors import (
     IdempotencyConflict,
     InvalidState,
@@ -48,6 +49,15 @@ class ProblemDetails(BaseModel):
     state: str | None = Field(default=None, description="Its state, when that is the problem")
     prompt_id: str | None = Field(default=None, description="The prompt, when it is in the way")
     limit: int | None = Field(default=None, description="The limit reached, for `retry_limit`")
+    budget: str | None = Field(
+        default=None, description="The provider budget, for `over_provider_budget`"
+    )
+    tokens: int | None = Field(
+        default=None, description="The tokens the job needs at least, for `over_provider_budget`"
+    )
+    tokens_per_minute: int | None = Field(
+        default=None, description="The budget's tokens a minute, for `over_provider_budget`"
+    )
 
 
 class Problem(Exception):
@@ -82,7 +92,7 @@ def not_found(what: str, ident: str) -> Problem:
     return Problem(404, "not_found", "Not found", f"no {what} {ident!r} in your organisation")
 
 
-Refusal = NotFound | InvalidState | IdempotencyConflict | InvalidOptions | RetryLimit
+Refusal = NotFound | InvalidState | IdempotencyConflict | InvalidOptions | RetryLimit | OverBudget
 
 
 def domain_problem(err: Refusal) -> Problem:
@@ -107,6 +117,16 @@ def domain_problem(err: Refusal) -> Problem:
             job_id=err.job_id,
             prompt_id=err.prompt_id,
             limit=err.limit,
+        )
+    if isinstance(err, OverBudget):
+        return Problem(
+            422,
+            "over_provider_budget",
+            "More than the provider budget allows",
+            str(err),
+            budget=err.budget,
+            tokens=err.tokens,
+            tokens_per_minute=err.tpm,
         )
     if isinstance(err, IdempotencyConflict):
         return Problem(
@@ -267,7 +287,8 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, Refusal)
         return problem_response(domain_problem(exc), request)
 
-    for refusal in (NotFound, InvalidState, IdempotencyConflict, InvalidOptions, RetryLimit):
+    refusals = (NotFound, InvalidState, IdempotencyConflict, InvalidOptions, RetryLimit, OverBudget)
+    for refusal in refusals:
         app.add_exception_handler(refusal, _domain)
 
     @app.exception_handler(RequestValidationError)

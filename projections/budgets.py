@@ -28,9 +28,8 @@ the transaction; on SQLite the single writer serialises them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from enum import Enum
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select, text, update
@@ -91,13 +90,6 @@ class Draw:
     probe: bool = False
 
 
-class Room(Enum):
-    """A call may go: drawing on its budget (which has limits), or free (none known)."""
-
-    DRAW = "draw"
-    FREE = "free"
-
-
 @dataclass(frozen=True)
 class Limits:
     """A budget's limits in force: the operator's, else the learned ones (None: no limit)."""
@@ -122,18 +114,30 @@ class BudgetWait:
         return self.reason
 
 
-def too_large(draw_tokens: int, limits: Limits) -> bool:
-    """A call whose estimate alone is more than the whole minute's tokens can never fit."""
-    return limits.tpm is not None and draw_tokens > limits.tpm
+class OverBudget(ValueError):
+    """A job whose call alone needs more tokens than its provider budget has in a minute:
+    it could never run, so it is refused at submission."""
+
+    def __init__(self, budget: str, tokens: int, tpm: int) -> None:
+        super().__init__(
+            f"this job needs at least {tokens} tokens (its prompt and system text, about four "
+            f"characters a token, and its max_tokens), more than provider budget {budget} "
+            f"allows in a minute ({tpm}): shorten the prompt or lower max_tokens"
+        )
+        self.budget = budget
+        self.tokens = tokens
+        self.tpm = tpm
 
 
 # -- inside the transaction that starts an attempt ---------------------------------------
 
 
-def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Room | BudgetWait:
-    """Whether the attempt may call now (with Room.DRAW the caller then `take`s its draw, once
-    the attempt has started in the same transaction), else the wait, recorded: the job's
-    place among the budget's waiters, and on its row why it waits and until about when.
+def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetWait | None:
+    """Whether the attempt may call now: the draw to `take` once the attempt has started in
+    the same transaction (its tokens at most the budget's minute: a job that fits at all
+    must fit some time), or None when the budget has no limits to draw on; else the wait,
+    recorded: the job's place among the budget's waiters, and on its row why it waits and
+    until about when.
 
     The first call on a provider and model that says its limits is a probe: it goes alone,
     and the others wait for its answer (PROBE_FOR at most), so a cold backlog does not hit
@@ -148,12 +152,12 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Room | BudgetW
                     name=draw.budget, probe_until=now + PROBE_FOR, updated_at=now, rate_limited=0
                 )
             )
-        return Room.FREE
+        return None
     limits = Limits.of(budget)
     paused = budget.paused_until is not None and budget.paused_until > now
     if limits.rpm is None and limits.tpm is None and not paused:
         if budget.probe_until is None:
-            return Room.FREE
+            return None
         if budget.probe_until <= now:
             # The probe never answered: this call probes instead.
             tx.execute(
@@ -161,12 +165,14 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Room | BudgetW
                 .where(BUDGETS.c.name == draw.budget)
                 .values(probe_until=now + PROBE_FOR)
             )
-            return Room.FREE
+            return None
         reason = (
             f"provider budget {draw.budget}: waiting for the provider's first answer, which "
             "says its rate limits"
         )
         return _wait(tx, job_id, draw, None, now + PROBE_RECHECK, reason, now)
+    if limits.tpm is not None and draw.tokens > limits.tpm:
+        draw = replace(draw, tokens=limits.tpm)
     held = tx.execute(
         select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
     ).scalar()
@@ -176,7 +182,7 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Room | BudgetW
     requests_fit = limits.rpm is None or requests + ahead_n < limits.rpm
     tokens_fit = limits.tpm is None or tokens + ahead_tokens + draw.tokens <= limits.tpm
     if not paused and requests_fit and tokens_fit:
-        return Room.DRAW
+        return draw
     if paused:
         until = budget.paused_until
         reason = (
@@ -400,6 +406,12 @@ class Budgets:
         async with self.sessions() as session:
             rows = await session.execute(select(BUDGETS.c.name, binding))
             return {name: bool(binds) for name, binds in rows}
+
+    async def token_limits(self) -> dict[str, int]:
+        """Each budget's tokens a minute in force, where it has a limit."""
+        async with self.sessions() as session:
+            rows = await session.execute(select(BUDGETS))
+            return {row.name: tpm for row in rows if (tpm := Limits.of(row).tpm) is not None}
 
     async def limits(self, name: str) -> Limits | None:
         async with self.sessions() as session:

@@ -340,7 +340,8 @@ class Projector:
                     room = budgets.check(tx, job_id, draw, now)
                     if isinstance(room, BudgetWait):
                         return Applied(False, seen.state, seen.attempt, budget_wait=room)
-                    drew = room is budgets.Room.DRAW
+                    drew = room is not None
+                    draw = room or draw
             if org_limit is not None and (waiting := admit(tx, job_id, org_limit, now)):
                 if draw is not None:
                     budgets.stop_waiting(tx, job_id)

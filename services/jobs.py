@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import trace
 
 from activities.adapters.base import AdapterRegistry
+from activities.budgets import least_tokens
 from projections import metrics
+from projections.budgets import OverBudget, budget_name
 from projections.models import Job
 from projections.scope import Scope
 from projections.store import JobStore
 from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
+
+# How stale the budgets' token limits a submission is checked against may be.
+BUDGETS_READ_S = 5.0
 
 
 class JobService:
@@ -33,10 +39,25 @@ class JobService:
         self.max_attempts_default = max_attempts_default
         self.metrics_org_labels = metrics_org_labels
         self.max_jobs_per_prompt = max_jobs_per_prompt
+        self._token_limits: dict[str, int] = {}
+        self._budgets_read_at = -1e9
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions now rather than fail the job minutes later."""
         self.adapters.validate(options)
+
+    async def check_budget(self, text: str, options: Mapping[str, Any]) -> None:
+        """Raise OverBudget if the job's call alone needs more tokens than its provider budget
+        has in a minute (the budgets' limits are read at most every BUDGETS_READ_S)."""
+        if time.monotonic() - self._budgets_read_at >= BUDGETS_READ_S:
+            self._token_limits = await self.store.budgets.token_limits()
+            self._budgets_read_at = time.monotonic()
+        if not self._token_limits:
+            return
+        name = budget_name(self.adapters.provider_of(options), self.adapters.model_of(options))
+        tpm = self._token_limits.get(name)
+        if tpm is not None and (needed := least_tokens(self.adapters, text, options)) > tpm:
+            raise OverBudget(name, needed, tpm)
 
     async def submit(self, scope: Scope, submission: Submission) -> Submitted:
         accepted = await self.store.submit(scope, submission)

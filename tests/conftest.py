@@ -139,7 +139,8 @@ async def _truncate(projection: Projection) -> None:
         await conn.execute(
             text(
                 "TRUNCATE api_keys, responses, job_events, job_outputs, attempts, jobs, prompts, "
-                "workers, org_limits RESTART IDENTITY CASCADE"
+                "workers, org_limits, provider_budgets, budget_draws, budget_waiters "
+                "RESTART IDENTITY CASCADE"
             )
         )
 

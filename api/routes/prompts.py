@@ -67,6 +67,7 @@ async def submit_prompt(
         )
     options = body.options_as_sent()
     services.jobs.validate_options(options)
+    await services.jobs.check_budget(body.prompt, options)
     try:
         check_placeholders(body.prompt, body.after)
     except UnknownPlaceholder as err:

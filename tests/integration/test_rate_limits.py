@@ -266,3 +266,22 @@ async def test_operators_set_and_read_budgets_and_a_waiting_job_says_why(stack: 
 
     refused = CliRunner().invoke(app, ["budgets", "set", "no-slash", "--rpm", "1"])
     assert refused.exit_code != 0 and "provider/model" in str(refused.exception)
+
+
+async def test_a_job_larger_than_its_budgets_minute_is_refused_at_submission(stack: Stack) -> None:
+    await stack.projection.store.budgets.set_limits("fake/fake-1", None, 100, datetime.now(UTC))
+    long = "word " * 120  # 600 characters: about 150 tokens, more than the minute's 100
+    refused = await stack.http.post("/v1/prompts", json={"prompt": long})
+    assert refused.status_code == 422, refused.text
+    problem = refused.json()
+    assert problem["code"] == "over_provider_budget"
+    assert (problem["budget"], problem["tokens"], problem["tokens_per_minute"]) == (
+        "fake/fake-1",
+        150,
+        100,
+    )
+    assert "shorten the prompt or lower max_tokens" in problem["detail"]
+    # Nothing was accepted; a job that fits is.
+    assert (await stack.http.get("/v1/jobs")).json()["jobs"] == []
+    fits = await stack.submit("a short one")
+    assert (await stack.settled(fits["job_id"]))["state"] == "succeeded"

@@ -218,6 +218,9 @@ class ProblemDetails(BaseModel):
     state: str | None = None
     prompt_id: str | None = None
     limit: int | None = None
+    budget: str | None = None
+    tokens: int | None = None
+    tokens_per_minute: int | None = None
 
 
 # -- requests ----------------------------------------------------------------------------------
