@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,7 @@ from activities.contracts import (
 from activities.outages import through_outages
 from activities.output import OutputStreams
 from activities.prices import PriceTable
+from projections.admission import fleet_share
 from projections.budgets import Draw
 from projections.chain_store import ChainStore
 from projections.domain.lifecycle import BackoffPolicy, JobState
@@ -46,6 +48,9 @@ from projections.models import Job, Prompt
 from projections.projector import Transition
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
+
+# How stale the live fleet's size and the active orgs an admission uses may be.
+FLEET_READ_S = 2.0
 
 
 def worker_identity() -> str:
@@ -65,6 +70,8 @@ class JobActivities:
         prices: PriceTable | None = None,
         metrics_org_labels: bool = False,
         priority_aging_s: float = 5.0,
+        task_queue: str | None = None,
+        worker_heartbeat_s: float = 15.0,
     ) -> None:
         self.store = store
         self.projector = store.projector
@@ -84,8 +91,13 @@ class JobActivities:
         # this long: each report is a workflow task, and a quick call would pay one for a
         # state the operator never sees. The projection records `running` at once.
         self.report_running_after_s = report_running_after_s
-        # Each org's running limit where org_limits has no row of its own (0: no limit).
+        # Each org's running limit where org_limits has no row of its own (0: no limit),
+        # within its fair part of the live fleet of `task_queue` (None: no fleet share).
         self.org_max_running = org_max_running
+        self.task_queue = task_queue
+        self.worker_heartbeat_s = worker_heartbeat_s
+        self._org_limit_now = org_max_running
+        self._fleet_read_at = -1e9
 
     @activity.defn(name="call_adapter")
     async def call_adapter(self, call: AdapterCall) -> AdapterOutcome:
@@ -101,7 +113,7 @@ class JobActivities:
             return await self._attempt(call, call.attempt_offset + activity.info().attempt)
 
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
-        org_limit = self.org_max_running if call.admission else None
+        org_limit = await self._org_limit() if call.admission else None
         draw_of = await self._draw_of(call)
         started = await through_outages(
             "start attempt",
@@ -148,6 +160,19 @@ class JobActivities:
         settled = await self._settle_success(call.job_id, done.outcome, done.tail, done.usage)
         # The response text is in the projection now; it need not enter workflow history.
         return replace(done.outcome, text="", settled=settled)
+
+    async def _org_limit(self) -> int:
+        """The default running limit of an org: the configured one, within its fair part of
+        the live fleet (projections/admission.fleet_share), read at most every FLEET_READ_S."""
+        if self.task_queue is None:
+            return self.org_max_running
+        if time.monotonic() - self._fleet_read_at >= FLEET_READ_S:
+            since = datetime.now(UTC) - timedelta(seconds=3 * self.worker_heartbeat_s)
+            slots = await self.store.workers.live_slots(self.task_queue, since)
+            orgs = await self.store.orgs.active() if slots else 0
+            self._org_limit_now = fleet_share(self.org_max_running, slots, orgs)
+            self._fleet_read_at = time.monotonic()
+        return self._org_limit_now
 
     async def _draw_of(self, call: AdapterCall) -> Callable[[Job, Prompt], Draw | None] | None:
         """How the attempt's start decides its draw on a provider budget, where any may

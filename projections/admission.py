@@ -137,6 +137,20 @@ def admit(tx: WriteTx, job_id: str, default_limit: int, now: datetime) -> Waitin
     return Waiting(org, int(running), int(limit))
 
 
+def fleet_share(configured: int, live_slots: int, active_orgs: int) -> int:
+    """An org's default running limit (where it has none of its own): the configured one
+    (PROMPTJOBS_ORG_MAX_RUNNING, 0: none), but never more than its fair part of the live
+    fleet's slots. With other orgs at work each gets an equal part; alone, an org may take
+    all but a tenth of the fleet (at least one slot), so the next org's job finds a slot at
+    once instead of waiting for one of the first org's to end. Without a known fleet (no
+    worker has registered), the configured limit."""
+    if live_slots <= 0:
+        return configured
+    headroom = max(1, live_slots // 10) if live_slots > 1 else 0
+    fair = max(1, min(live_slots - headroom, -(-live_slots // max(1, active_orgs))))
+    return fair if configured == 0 else min(configured, fair)
+
+
 @dataclass(frozen=True)
 class OrgShare:
     """What `promptjobs orgs list` shows of one org."""
@@ -221,6 +235,15 @@ class OrgShares:
                 )
                 wake.extend((await session.execute(most_urgent)).scalars())
         return wake
+
+    async def active(self) -> int:
+        """Orgs with jobs running (holding a slot) or waiting for one."""
+        async with self.sessions() as session:
+            orgs = select(func.count(func.distinct(JOBS.c.org))).where(
+                JOBS.c.state.in_(UNSETTLED),
+                or_(JOBS.c.admitted_at.is_not(None), JOBS.c.awaiting_slot_since.is_not(None)),
+            )
+            return int((await session.execute(orgs)).scalar_one())
 
     async def shares(self, default_limit: int) -> list[OrgShare]:
         """Every org the store knows, by name: with API keys, jobs (settled ones too) or a limit

@@ -50,3 +50,13 @@ class WorkerRegistry:
                 .order_by(WorkerProcess.heartbeat_at.desc())
             )
             return list(rows.scalars())
+
+    async def live_slots(self, task_queue: str, since: datetime) -> int:
+        """The activity slots of the workers on `task_queue` alive since `since` (beating, not
+        stopped): the fleet an org's default share is a part of."""
+        alive = await self.since(since)
+        return sum(
+            int(worker.config.get("max_concurrent_activities") or 0)
+            for worker in alive
+            if worker.stopped_at is None and worker.config.get("task_queue") == task_queue
+        )

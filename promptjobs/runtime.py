@@ -78,6 +78,8 @@ def build_worker(
         prices=PriceTable.load(settings.prices_file),
         metrics_org_labels=settings.metrics_org_labels,
         priority_aging_s=settings.priority_aging_s,
+        task_queue=settings.temporal_task_queue,
+        worker_heartbeat_s=settings.worker_heartbeat_s,
     )
     return Worker(
         client,

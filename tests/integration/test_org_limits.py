@@ -241,3 +241,35 @@ async def test_an_org_full_of_urgent_waiters_does_not_hide_another_orgs_waiter(
     woken = await projection.store.orgs.slot_waiters(default_limit=1, batch=5)
     assert woken == [b]
     assert not set(woken) & set(crowd)
+
+
+async def test_by_default_one_org_leaves_room_in_the_fleet_for_the_next(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # A fleet of 20 slots and the default limit (100, more than the fleet): org A's 40 jobs
+    # of 10 s take all but a tenth of it, so org B's quick job starts at once instead of
+    # waiting for one of A's to end (issue 31, item 6).
+    settings = make_settings(tmp_path, worker_max_concurrent_activities=20)
+    assert settings.org_max_running == 100
+    async with (
+        running_stack(settings, dev_server.client) as stack,
+        stack.as_user(await stack.key("org-a", "ann", "admin")) as a,
+        stack.as_user(await stack.key("org-b", "bob")) as b,
+    ):
+        burst = [await submit(a, f"a{i}", 10_000) for i in range(40)]
+        await eventually(
+            lambda: rows(a, burst),
+            lambda now: sum(job["state"] == "running" for job in now) == 18,
+            timeout=60,
+        )
+        submitted = datetime.now(UTC)
+        b_done = await settled(b, await submit(b, "b", 10))
+        a_rows = await rows(a, burst)
+        assert b_done["state"] == "succeeded"
+        assert (parse_time(b_done["started_at"]) - submitted).total_seconds() < 1.5
+        assert not any(job["finished_at"] for job in a_rows)
+        assert [job["state"] for job in a_rows].count("running") == 18
+        cancels = [a.post(f"/v1/jobs/{job_id}/cancel") for job_id in burst]
+        assert {r.status_code for r in await asyncio.gather(*cancels)} == {202}
+        for job_id in burst:
+            await settled(a, job_id, timeout=60)
