@@ -83,7 +83,7 @@ class WorkerBudgets:
         if binds is False or (binds is None and not learns):
             return None
         tokens = self.estimate(job, prompt, name)
-        return Draw(name, tokens, job.priority, self.aging_s, probe=learns)
+        return Draw(name, tokens, job.priority, self.aging_s, probe=learns, org=job.org)
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options = job_options(job, prompt)

@@ -14,9 +14,11 @@ An attempt that does not fit waits, queued, holding no worker slot: its job gets
 dispatcher wakes it when there is room, or its own timer fires at the time the room is
 expected. A job fits only if the room left is more than what the waiters ranked before it
 need, so a newcomer never jumps the queue and a big job is not starved by small ones. The rank
-is `priority * aging_s + the epoch second the job began to wait`: a job's effective priority
-improves by one for every `aging_s` it waits, so a priority-90 job overtakes fresh priority-10
-work after 80 * aging_s (docs/decisions.md).
+is `when the job began to wait + priority * aging_s + its org's recent use` (a call's share
+of the window for each call the org drew in the last one), so an org that just had the budget
+to itself yields to another's job. A job's effective priority improves by one for every
+`aging_s` it waits, so a priority-90 job overtakes fresh priority-10 work of its org after
+80 * aging_s (docs/decisions.md).
 
 A 429 pauses the budget until the provider's Retry-After for every worker (`paused_until`),
 and gives back the refused call's draw: the provider did not count it.
@@ -88,6 +90,8 @@ class Draw:
     priority: int
     aging_s: float
     probe: bool = False
+    # The job's org: its waiting jobs take turns with other orgs' (`_rank`).
+    org: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
     held = tx.execute(
         select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
     ).scalar()
-    rank = held if held is not None else draw.priority * draw.aging_s + now.timestamp()
+    rank = held if held is not None else _rank(tx, draw, limits, now)
     ahead_n, ahead_tokens = _ahead(tx, draw.budget, job_id, rank)
     requests, tokens = _spent(tx, draw.budget, now)
     requests_fit = limits.rpm is None or requests + ahead_n < limits.rpm
@@ -246,6 +250,30 @@ def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> N
 def stop_waiting(tx: WriteTx, job_id: str) -> None:
     """The job no longer waits for a budget (it runs, or waits for something else)."""
     tx.execute(delete(WAITERS).where(WAITERS.c.job_id == job_id))
+
+
+def _rank(tx: WriteTx, draw: Draw, limits: Limits, now: datetime) -> float:
+    """A new waiter's rank: when it began to wait, plus priority x aging, plus its org's
+    recent use: one call's share of the window for every call its org drew on the budget
+    in the last window. Within an org that is the same for every job, so priority and age
+    decide; between orgs, an org that just had the budget to itself waits behind another
+    org's job that came a little later (fair queuing by recent use)."""
+    if limits.rpm is not None:
+        spacing = WINDOW.total_seconds() / limits.rpm
+    elif limits.tpm is not None:
+        spacing = WINDOW.total_seconds() * draw.tokens / limits.tpm
+    else:
+        spacing = 0.0
+    used = tx.execute(
+        select(func.count())
+        .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
+        .where(
+            DRAWS.c.budget == draw.budget,
+            DRAWS.c.drawn_at > now - held_for(),
+            JOBS.c.org == draw.org,
+        )
+    ).scalar_one()
+    return now.timestamp() + draw.priority * draw.aging_s + spacing * int(used)
 
 
 def _ahead(tx: WriteTx, budget: str, job_id: str, rank: float) -> tuple[int, int]:

@@ -65,6 +65,8 @@ function describe(job) {
   const attempts = `attempt ${job.attempt} of ${job.max_attempts}`;
   switch (job.state) {
     case "queued":
+      // Waiting for room in its provider budget (the row says why, and until about when).
+      if (job.waiting_for) return job.waiting_for;
       // A chain's child: it runs once these parent prompts' jobs have succeeded.
       if (job.attempt === 0 && job.waiting_on && job.waiting_on.length) return `waiting for ${job.waiting_on.map(parentName).join(", ")}`;
       if (job.attempt === 0) return job.scheduled_for ? `scheduled for ${clock(job.scheduled_for)}` : "waiting for a worker";

@@ -285,3 +285,43 @@ async def test_a_job_larger_than_its_budgets_minute_is_refused_at_submission(sta
     assert (await stack.http.get("/v1/jobs")).json()["jobs"] == []
     fits = await stack.submit("a short one")
     assert (await stack.settled(fits["job_id"]))["state"] == "succeeded"
+
+
+async def test_under_a_binding_budget_an_org_that_just_used_it_yields_to_another(
+    dev_server: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two requests a window of 1 s, on the fake provider. Org A bursts 10 jobs: 2 run, 8
+    # wait. Org B's job, submitted after them, goes before A's waiting ones.
+    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=1))
+    settings = make_settings(tmp_path, dispatcher_interval_s=0.2)
+    async with (
+        running_stack(settings, dev_server.client) as stack,
+        stack.as_user(await stack.key("org-a", "ann")) as a,
+        stack.as_user(await stack.key("org-b", "bob")) as b,
+    ):
+        await stack.projection.store.budgets.set_limits("fake/fake-1", 2, None, datetime.now(UTC))
+        burst = [
+            (await a.post("/v1/prompts", json={"prompt": f"a{i}"})).json()["job_id"]
+            for i in range(10)
+        ]
+
+        async def waiting() -> int:
+            standing = await stack.projection.store.budgets.standing(datetime.now(UTC))
+            return standing[0].waiting if standing else 0
+
+        await eventually(waiting, lambda n: n >= 6)
+        b_job = (await b.post("/v1/prompts", json={"prompt": "b"})).json()["job_id"]
+
+        async def done(http: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
+            return await eventually(
+                lambda: http.get(f"/v1/jobs/{job_id}"),
+                lambda r: r.json()["finished_at"] is not None,
+                timeout=60,
+            )
+
+        b_row = (await done(b, b_job)).json()
+        a_rows = [(await done(a, job_id)).json() for job_id in burst]
+    b_started = parse_time(b_row["started_at"])
+    after_b = [row for row in a_rows if parse_time(row["started_at"]) > b_started]
+    # Of A's 8 that waited, at most the 2 that fit the window B arrived in went before it.
+    assert len(after_b) >= 6, [row["started_at"] for row in a_rows]
