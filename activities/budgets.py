@@ -55,6 +55,8 @@ class WorkerBudgets:
     refresh_s: float = 2.0
     # Every budget the store has, and whether it may refuse a call (a limit, pause, probe).
     _known: dict[str, bool] = field(default_factory=dict)
+    # Orgs with a quota of their own: tokens a minute over every budget.
+    _quotas: dict[str, int] = field(default_factory=dict)
     _read_at: float = -1e9
     _learned: dict[str, ProviderLimits | None] = field(default_factory=dict)
     _typical: dict[str, float] = field(default_factory=dict)
@@ -62,12 +64,13 @@ class WorkerBudgets:
     async def refresh(self) -> None:
         if time.monotonic() - self._read_at >= self.refresh_s:
             self._known = await self.store.known()
+            self._quotas = await self.store.org_quotas()
             self._read_at = time.monotonic()
 
     def may_bind(self) -> bool:
         """Whether any attempt of this worker may have to draw: a budget binds, or a
         configured provider says its limits (its first call on a model probes them)."""
-        return any(self._known.values()) or self.adapters.learning_limits()
+        return any(self._known.values()) or bool(self._quotas) or self.adapters.learning_limits()
 
     def name_of(self, job: Job, prompt: Prompt) -> str:
         options = job_options(job, prompt)
@@ -80,10 +83,13 @@ class WorkerBudgets:
         name = self.name_of(job, prompt)
         binds = self._known.get(name)
         learns = self.adapters.learns_limits(options)
-        if binds is False or (binds is None and not learns):
+        quota = self._quotas.get(job.org)
+        if quota is None and (binds is False or (binds is None and not learns)):
             return None
         tokens = self.estimate(job, prompt, name)
-        return Draw(name, tokens, job.priority, self.aging_s, probe=learns, org=job.org)
+        return Draw(
+            name, tokens, job.priority, self.aging_s, probe=learns, org=job.org, org_tpm=quota
+        )
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options = job_options(job, prompt)

@@ -160,6 +160,8 @@ class OrgShare:
     own_limit: bool
     running: int
     waiting: int
+    # Its own quota of tokens a minute over every provider budget, if any.
+    tpm: int | None = None
 
 
 def _waiting() -> list[ColumnElement[bool]]:
@@ -176,7 +178,9 @@ async def _shares(
     own = dict(
         (
             await session.execute(
-                select(LIMITS.c.org, LIMITS.c.max_running).where(LIMITS.c.org.in_(orgs))
+                select(LIMITS.c.org, LIMITS.c.max_running).where(
+                    LIMITS.c.org.in_(orgs), LIMITS.c.max_running.is_not(None)
+                )
             )
         ).all()
     )
@@ -192,12 +196,22 @@ async def _shares(
         .group_by(JOBS.c.org)
     )
     found = {org: (int(r), int(w)) for org, r, w in (await session.execute(counts)).all()}
+    quotas = dict(
+        (
+            await session.execute(
+                select(LIMITS.c.org, LIMITS.c.tpm).where(
+                    LIMITS.c.org.in_(orgs), LIMITS.c.tpm.is_not(None)
+                )
+            )
+        ).all()
+    )
     return {
         org: OrgShare(
             org,
             own.get(org, default_limit),
             org in own,
             *found.get(org, (0, 0)),
+            quotas.get(org),
         )
         for org in orgs
     }
@@ -258,9 +272,21 @@ class OrgShares:
 
     async def set_limit(self, org: str, max_running: int | None) -> None:
         """Give `org` a running limit of its own (0: none), or with None the default again."""
+        await self._set(org, max_running=max_running)
+
+    async def set_token_quota(self, org: str, tpm: int | None) -> None:
+        """Give `org` a quota of tokens a minute on provider budgets, or with None none."""
+        await self._set(org, tpm=tpm)
+
+    async def _set(self, org: str, **values: int | None) -> None:
         async with self.sessions.begin() as session:
+            row = (await session.execute(select(LIMITS).where(LIMITS.c.org == org))).first()
+            kept: dict[str, int | None] = {
+                "max_running": None if row is None else row.max_running,
+                "tpm": None if row is None else row.tpm,
+            }
+            kept.update(values)
             await session.execute(delete(LIMITS).where(LIMITS.c.org == org))
-            if max_running is not None:
-                now = datetime.now(UTC)
-                row = {"org": org, "max_running": max_running, "updated_at": now}
-                await session.execute(LIMITS.insert().values(row))
+            if any(value is not None for value in kept.values()):
+                row_values = {"org": org, **kept, "updated_at": datetime.now(UTC)}
+                await session.execute(LIMITS.insert().values(row_values))

@@ -41,12 +41,13 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import GroupCommit, WriteTx
 from projections.domain.lifecycle import JobState
-from projections.models import Base, BudgetDraw, BudgetWaiter, Job, ProviderBudget
+from projections.models import Base, BudgetDraw, BudgetWaiter, Job, OrgLimit, ProviderBudget
 
 JOBS = Base.metadata.tables[Job.__tablename__]
 BUDGETS = Base.metadata.tables[ProviderBudget.__tablename__]
 DRAWS = Base.metadata.tables[BudgetDraw.__tablename__]
 WAITERS = Base.metadata.tables[BudgetWaiter.__tablename__]
+LIMITS = Base.metadata.tables[OrgLimit.__tablename__]
 
 # The window providers count their per-minute limits over.
 WINDOW = timedelta(seconds=60)
@@ -92,6 +93,8 @@ class Draw:
     probe: bool = False
     # The job's org: its waiting jobs take turns with other orgs' (`_rank`).
     org: str = ""
+    # The org's own quota of tokens a minute over every budget (`orgs limit --tpm`), if any.
+    org_tpm: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,13 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
     the provider all at once before anyone knows its limits."""
     if tx.postgresql:
         tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
+    # Where the org has a quota every call draws, so the org's minute counts them all.
+    free: Draw | None = None
+    if (quota := draw.org_tpm) is not None:
+        draw = replace(draw, tokens=min(draw.tokens, quota))
+        if (over := _over_org_quota(tx, job_id, draw, quota, now)) is not None:
+            return over
+        free = draw
     budget = tx.execute(select(BUDGETS).where(BUDGETS.c.name == draw.budget)).first()
     if budget is None:
         if draw.probe:
@@ -156,12 +166,12 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
                     name=draw.budget, probe_until=now + PROBE_FOR, updated_at=now, rate_limited=0
                 )
             )
-        return None
+        return free
     limits = Limits.of(budget)
     paused = budget.paused_until is not None and budget.paused_until > now
     if limits.rpm is None and limits.tpm is None and not paused:
         if budget.probe_until is None:
-            return None
+            return free
         if budget.probe_until <= now:
             # The probe never answered: this call probes instead.
             tx.execute(
@@ -169,7 +179,7 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
                 .where(BUDGETS.c.name == draw.budget)
                 .values(probe_until=now + PROBE_FOR)
             )
-            return None
+            return free
         reason = (
             f"provider budget {draw.budget}: waiting for the provider's first answer, which "
             "says its rate limits"
@@ -250,6 +260,33 @@ def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> N
 def stop_waiting(tx: WriteTx, job_id: str) -> None:
     """The job no longer waits for a budget (it runs, or waits for something else)."""
     tx.execute(delete(WAITERS).where(WAITERS.c.job_id == job_id))
+
+
+def _over_org_quota(
+    tx: WriteTx, job_id: str, draw: Draw, quota: int, now: datetime
+) -> BudgetWait | None:
+    """The wait, if the org's draws of the last minute on every budget leave no room for
+    this one within its quota (the job's timer asks again when room is expected)."""
+    rows = tx.execute(
+        select(DRAWS.c.drawn_at, DRAWS.c.tokens)
+        .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
+        .where(JOBS.c.org == draw.org, DRAWS.c.drawn_at > now - held_for())
+        .order_by(DRAWS.c.drawn_at)
+    ).all()
+    used = sum(int(tokens) for _, tokens in rows)
+    if used + draw.tokens <= quota:
+        return None
+    until, left = now + held_for(), used
+    for drawn_at, tokens in rows:
+        left -= int(tokens)
+        if left + draw.tokens <= quota:
+            until = drawn_at + held_for()
+            break
+    reason = (
+        f"org {draw.org}'s token quota: {used} of its {quota} tokens a minute drawn in the last "
+        f"minute; room expected about {until:%H:%M:%S} UTC"
+    )
+    return _wait(tx, job_id, draw, None, until, reason, now)
 
 
 def _rank(tx: WriteTx, draw: Draw, limits: Limits, now: datetime) -> float:
@@ -434,6 +471,14 @@ class Budgets:
         async with self.sessions() as session:
             rows = await session.execute(select(BUDGETS.c.name, binding))
             return {name: bool(binds) for name, binds in rows}
+
+    async def org_quotas(self) -> dict[str, int]:
+        """Each org's own tokens a minute over every budget, where it has a quota."""
+        async with self.sessions() as session:
+            rows = await session.execute(
+                select(LIMITS.c.org, LIMITS.c.tpm).where(LIMITS.c.tpm.is_not(None))
+            )
+            return {org: int(tpm) for org, tpm in rows}
 
     async def token_limits(self) -> dict[str, int]:
         """Each budget's tokens a minute in force, where it has a limit."""

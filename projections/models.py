@@ -320,7 +320,10 @@ class OrgLimit(Base):
     __tablename__ = "org_limits"
 
     org: Mapped[str] = mapped_column(String(64), primary_key=True)
-    max_running: Mapped[int] = mapped_column(Integer)
+    # Null: the default running limit applies.
+    max_running: Mapped[int | None] = mapped_column(Integer)
+    # Tokens a minute its calls may draw on provider budgets, all told (null: no quota).
+    tpm: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

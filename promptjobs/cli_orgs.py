@@ -39,15 +39,23 @@ def orgs_list(
             "waiting": share.waiting,
             "limit": share.limit or None,
             "limit_from": "org" if share.own_limit else "PROMPTJOBS_ORG_MAX_RUNNING",
+            "tpm": share.tpm,
         }
         for share in run(fetch())
     ]
     if as_json:
         emit_json(rows)
         return
-    columns = ("org", "running", "waiting", "limit", "limit_from")
+    columns = ("org", "running", "waiting", "limit", "limit_from", "tokens/min")
     cells = (
-        [row["org"], row["running"], row["waiting"], row["limit"] or "none", row["limit_from"]]
+        [
+            row["org"],
+            row["running"],
+            row["waiting"],
+            row["limit"] or "none",
+            row["limit_from"],
+            row["tpm"] or "",
+        ]
         for row in rows
     )
     console().print(table(f"{len(rows)} orgs", columns, cells))
@@ -63,11 +71,20 @@ def orgs_limit(
     default: Annotated[
         bool, typer.Option("--default", help="Back to PROMPTJOBS_ORG_MAX_RUNNING")
     ] = False,
+    tpm: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="Tokens a minute its calls may draw on provider budgets (0: no quota)"
+        ),
+    ] = None,
 ) -> None:
-    """Set an org's own running limit. Every worker applies it at the next admission; jobs
+    """Set an org's own running limit, or its quota of tokens a minute over every provider
+    budget. Every worker applies them at the next admission (within 2 s for a quota); jobs
     already running keep their slots."""
-    if (max_running is None) == (not default):
+    if max_running is not None and default:
         raise CliError("give a limit (0 for none) or --default, not both")
+    if max_running is None and not default and tpm is None:
+        raise CliError("give a limit (0 for none), --default, or --tpm N")
     if max_running is not None and max_running < 0:
         raise CliError(f"the limit must be 0 or more, not {max_running}")
     if not org or len(org) > MAX_ORG_LENGTH or "\x00" in org:
@@ -76,10 +93,16 @@ def orgs_limit(
 
     async def apply() -> None:
         async with open_projection(settings, streams=False, create=False) as projection:
-            await projection.store.orgs.set_limit(org, max_running)
+            if max_running is not None or default:
+                await projection.store.orgs.set_limit(org, max_running)
+            if tpm is not None:
+                await projection.store.orgs.set_token_quota(org, tpm or None)
 
     run(apply())
-    if max_running is None:
+    if default:
         typer.echo(f"{org}: back to the default limit ({settings.org_max_running or 'none'})")
-    else:
+    elif max_running is not None:
         typer.echo(f"{org}: at most {max_running or 'unlimited'} jobs running at once")
+    if tpm is not None:
+        quota = f"at most {tpm} tokens a minute on provider budgets" if tpm else "no token quota"
+        typer.echo(f"{org}: {quota}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 import uuid
@@ -325,3 +326,31 @@ async def test_under_a_binding_budget_an_org_that_just_used_it_yields_to_another
     after_b = [row for row in a_rows if parse_time(row["started_at"]) > b_started]
     # Of A's 8 that waited, at most the 2 that fit the window B arrived in went before it.
     assert len(after_b) >= 6, [row["started_at"] for row in a_rows]
+
+
+async def test_an_orgs_token_quota_spaces_its_calls_over_the_minute(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A window of 1 s. The fake provider has no budget; acme's quota of 100 tokens a window
+    # holds one call's reservation (its estimate, at most the quota) at a time.
+    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=1))
+    said = (await cli(stack, "orgs", "limit", "acme", "--tpm", "100")).output
+    assert "acme: at most 100 tokens a minute on provider budgets" in said
+    [acme] = [o for o in await cli_json(stack, "orgs", "list") if o["org"] == "acme"]
+    assert acme["tpm"] == 100 and acme["limit_from"] == "PROMPTJOBS_ORG_MAX_RUNNING"
+    # About 75 tokens each by the estimate (300 characters), some 120 by the fake's count (a
+    # word a token, in and out): no two fit one window.
+    jobs = [await stack.submit(f"quota {i} " + "word " * 60) for i in range(3)]
+
+    async def rows() -> list[dict[str, Any]]:
+        return [await stack.job(job["job_id"]) for job in jobs]
+
+    waiting = await eventually(rows, lambda now: any(r["waiting_for"] for r in now))
+    [reason] = [r["waiting_for"] for r in waiting if r["waiting_for"]][:1]
+    assert "org acme's token quota" in reason
+    done = [await stack.settled(job["job_id"], timeout=30) for job in jobs]
+    assert [job["state"] for job in done] == ["succeeded"] * 3
+    starts = sorted(parse_time(job["started_at"]) for job in done)
+    # Each call's reservation keeps the next out until it leaves the window (1.5 s held).
+    assert all((b - a).total_seconds() >= 1.0 for a, b in itertools.pairwise(starts))
+    assert "no token quota" in (await cli(stack, "orgs", "limit", "acme", "--tpm", "0")).output
