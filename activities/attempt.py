@@ -54,6 +54,7 @@ from projections.domain.lifecycle import (
     JobState,
     next_step,
 )
+from projections.errors import database_unavailable
 from projections.models import Job, Prompt, job_options
 from projections.projector import Projector, Transition
 from projections.store import JobStore
@@ -193,6 +194,8 @@ class Attempt:
         prompt: Prompt,
         running: DelayedReport,
         draw: Draw | None = None,
+        *,
+        probing: bool = False,
     ) -> None:
         self.tools = tools
         self.call = call
@@ -200,8 +203,10 @@ class Attempt:
         self.job = job
         self.prompt = prompt
         self.running = running
-        # What the attempt drew on its provider budget as it started, if it has one.
+        # What the attempt drew on its provider budget as it started, if it has one; whether
+        # it is the call that learns its provider's limits (projections/budgets.py, probes).
         self.draw = draw
+        self.probing = probing
         self._calling: asyncio.Task[AttemptResult] | None = None
 
     async def run(self) -> Succeeded:
@@ -256,22 +261,29 @@ class Attempt:
     ) -> None:
         """Tell the budget what the call cost (its draw reconciled; `drew` False: the
         provider refused it, and its draw was given back) and what the provider said of its
-        limits."""
+        limits. Best effort: with the database unreachable the attempt goes on to its end
+        (a draw keeps its estimate until it leaves the window; a probe times out)."""
         name = self.draw.budget if self.draw else budget_name(usage.provider, usage.model)
-        await through_outages(
-            "budget",
-            lambda: self.tools.budgets.after_call(
+        try:
+            await self.tools.budgets.after_call(
                 name,
                 self.job.job_id,
                 self.number,
                 drew=drew and self.draw is not None,
                 counted=drew,
+                probing=self.probing,
                 started_at=usage.started_at,
                 tokens=(usage.input_tokens or 0) + (usage.output_tokens or 0),
                 output_tokens=usage.output_tokens or 0,
                 limits=stream.output.limits,
-            ),
-        )
+            )
+        except Exception as err:
+            if not database_unavailable(err):
+                raise
+            activity.logger.warning(
+                "job %s attempt %d: budget %s not updated, database unavailable: %s",
+                self.job.job_id, self.number, name, err.__class__.__name__,
+            )  # fmt: skip
 
     async def _request(self) -> AdapterRequest:
         text = self.prompt.text

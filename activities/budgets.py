@@ -17,6 +17,7 @@ from typing import Any
 
 from activities.adapters.base import AdapterRegistry, ProviderLimits
 from projections.budgets import Budgets, Draw, budget_name
+from projections.errors import database_unavailable
 from projections.models import Job, Prompt, job_options
 
 # About four characters a token (OpenAI's rule of thumb for English).
@@ -62,10 +63,17 @@ class WorkerBudgets:
     _typical: dict[str, float] = field(default_factory=dict)
 
     async def refresh(self) -> None:
-        if time.monotonic() - self._read_at >= self.refresh_s:
+        """Read the budgets and quotas again if the last read is stale. While the database is
+        unreachable the last read stands: the attempt's start waits the outage out anyway."""
+        if time.monotonic() - self._read_at < self.refresh_s:
+            return
+        try:
             self._known = await self.store.known()
             self._quotas = await self.store.org_quotas()
-            self._read_at = time.monotonic()
+        except Exception as err:
+            if not database_unavailable(err):
+                raise
+        self._read_at = time.monotonic()
 
     def may_bind(self) -> bool:
         """Whether any attempt of this worker may have to draw: a budget binds, or a
@@ -107,6 +115,7 @@ class WorkerBudgets:
         *,
         drew: bool,
         counted: bool,
+        probing: bool = False,
         started_at: datetime,
         tokens: int,
         output_tokens: int,
@@ -116,12 +125,13 @@ class WorkerBudgets:
         (written only when it changed: most answers repeat the last). A call the provider
         `counted` that drew nothing (its budget was not known when it started) is counted
         now, so the budget's minute holds what the provider's does."""
-        if name not in self._learned or (limits is not None and self._learned[name] != limits):
-            # What the provider says of its limits (nothing: a probe is over all the same).
+        changed = limits is not None and self._learned.get(name) != limits
+        if changed or (probing and name not in self._learned):
+            # What the provider says of its limits (nothing: the probe is over all the same).
             said = limits or ProviderLimits(None, None)
             await self.store.learn(name, said.rpm, said.tpm, datetime.now(UTC))
             self._learned[name] = limits
-            self._known[name] = limits is not None or self._known.get(name, False)
+            self._known[name] = limits is not None
         if drew:
             await self.store.reconcile(job_id, attempt, tokens)
         elif counted and self._known.get(name):

@@ -43,6 +43,7 @@ from projections.admission import fleet_share
 from projections.budgets import Draw
 from projections.chain_store import ChainStore
 from projections.domain.lifecycle import BackoffPolicy, JobState
+from projections.errors import database_unavailable
 from projections.ids import response_id_for
 from projections.models import Job, Prompt
 from projections.projector import Transition
@@ -153,7 +154,10 @@ class JobActivities:
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
             draw = started.draw if started.drew else None
-            done = await Attempt(self.tools, call, attempt, job, prompt, running, draw).run()
+            probing = started.draw is not None and started.draw.probe and not started.drew
+            done = await Attempt(
+                self.tools, call, attempt, job, prompt, running, draw, probing=probing
+            ).run()
         if not call.settle_success:
             await self.tools.end_attempt(done.tail, done.usage)
             return done.outcome
@@ -168,9 +172,14 @@ class JobActivities:
             return self.org_max_running
         if time.monotonic() - self._fleet_read_at >= FLEET_READ_S:
             since = datetime.now(UTC) - timedelta(seconds=3 * self.worker_heartbeat_s)
-            slots = await self.store.workers.live_slots(self.task_queue, since)
-            orgs = await self.store.orgs.active() if slots else 0
-            self._org_limit_now = fleet_share(self.org_max_running, slots, orgs)
+            try:
+                slots = await self.store.workers.live_slots(self.task_queue, since)
+                orgs = await self.store.orgs.active() if slots else 0
+                self._org_limit_now = fleet_share(self.org_max_running, slots, orgs)
+            except Exception as err:
+                # The last read stands: the attempt's start waits the outage out anyway.
+                if not database_unavailable(err):
+                    raise
             self._fleet_read_at = time.monotonic()
         return self._org_limit_now
 

@@ -154,14 +154,18 @@ async def test_a_cold_burst_learns_the_limits_from_the_first_answer(
     assert (budget.own_rpm, budget.rpm, budget.rate_limited) == (None, 3, 0)
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
-    dev_server: WorkflowEnvironment, mock_provider: MockProviderServer, tmp_path: Path
+    dev_server: WorkflowEnvironment,
+    mock_provider: MockProviderServer,
+    tmp_path: Path,
+    provider: str,
 ) -> None:
     settings = provider_settings(tmp_path, mock_provider, dispatcher_interval_s=0.2)
     async with running_stack(settings, dev_server.client) as stack:
         prompt = f"paused {uuid.uuid4().hex} mock:fail=429,429;retry_after=1"
         accepted = await stack.submit(
-            prompt, max_attempts=1, options={"provider": "openai", "model": "gpt-paused"}
+            prompt, max_attempts=1, options={"provider": provider, "model": "gpt-paused"}
         )
 
         async def row() -> dict[str, Any]:
@@ -174,7 +178,7 @@ async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
         [budget] = [
             b
             for b in await stack.projection.store.budgets.standing(datetime.now(UTC))
-            if b.name == "openai/gpt-paused"
+            if b.name == f"{provider}/gpt-paused"
         ]
     # Two 429s, each spared: the one attempt it was allowed is the third call.
     assert (job["state"], job["attempt"], job["max_attempts"]) == ("succeeded", 3, 1)
