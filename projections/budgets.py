@@ -76,8 +76,9 @@ def budget_name(provider: str, model: str) -> str:
 # How long the first call on a provider and model may take to say its limits before another
 # call probes instead (its worker died, say).
 PROBE_FOR = timedelta(seconds=30)
-# How soon a call waiting for a probe asks again (the probe's answer also wakes it).
-PROBE_RECHECK = timedelta(milliseconds=250)
+# How soon a call waiting for a probe asks again by itself: the dispatcher wakes it, in rank
+# order, once the probe's answer is in; this is the safety net, not the pace.
+PROBE_RECHECK = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -184,12 +185,12 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
             f"provider budget {draw.budget}: waiting for the provider's first answer, which "
             "says its rate limits"
         )
-        return _wait(tx, job_id, draw, None, now + PROBE_RECHECK, reason, now)
+        held = _held_rank(tx, job_id, draw)
+        new_rank = _rank(tx, draw, limits, now) if held is None else None
+        return _wait(tx, job_id, draw, new_rank, now + PROBE_RECHECK, reason, now)
     if limits.tpm is not None and draw.tokens > limits.tpm:
         draw = replace(draw, tokens=limits.tpm)
-    held = tx.execute(
-        select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
-    ).scalar()
+    held = _held_rank(tx, job_id, draw)
     rank = held if held is not None else _rank(tx, draw, limits, now)
     ahead_n, ahead_tokens = _ahead(tx, draw.budget, job_id, rank)
     requests, tokens = _spent(tx, draw.budget, now)
@@ -260,6 +261,14 @@ def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> N
 def stop_waiting(tx: WriteTx, job_id: str) -> None:
     """The job no longer waits for a budget (it runs, or waits for something else)."""
     tx.execute(delete(WAITERS).where(WAITERS.c.job_id == job_id))
+
+
+def _held_rank(tx: WriteTx, job_id: str, draw: Draw) -> float | None:
+    """The job's rank among the budget's waiters, if it waits already."""
+    held = tx.execute(
+        select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
+    ).scalar()
+    return None if held is None else float(held)
 
 
 def _over_org_quota(

@@ -352,6 +352,8 @@ class Projector:
             if job is not None:
                 if draw is not None and drew:
                     budgets.take(tx, job_id, attempt, draw, now)
+                elif draw is not None:
+                    budgets.stop_waiting(tx, job_id)  # it may have waited for a probe
                 reset_output(tx, job, now)
                 started = _started(tx, job, [job.last_event_id], prompt)
                 return replace(started, draw=draw, drew=drew)

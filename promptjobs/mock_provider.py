@@ -352,8 +352,11 @@ async def run_mock_provider(
         await task
 
 
-def _rate_limited_entry(api: Api, call: ChatCall) -> dict[str, Any]:
-    """The request log's line for a request the rate limit refused."""
+def _log_entry(
+    api: Api, call: ChatCall, attempt: int | None, step: Step, *, rate_limited: bool = False
+) -> dict[str, Any]:
+    """The request log's line for a request: `attempt` is its prompt's count (None: the rate
+    limit refused it before its script was played)."""
     return {
         "api": api,
         "model": call.model,
@@ -361,13 +364,16 @@ def _rate_limited_entry(api: Api, call: ChatCall) -> dict[str, Any]:
         "system": None if call.system is None else _logged(call.system),
         "max_tokens": call.max_tokens,
         "temperature": call.temperature,
-        "attempt": None,
-        "step": 429,
+        "attempt": attempt,
+        "step": step,
         "stream": call.stream,
+        # Updated while the answer runs: a stream's chunks so far, and when the client left.
         "chunks": 0,
+        # When the first text chunk went out (epoch seconds): bench.stream_output measures
+        # from here to the SSE client.
         "first_chunk_at": None,
         "disconnected_at": None,
-        "rate_limited": True,
+        "rate_limited": rate_limited,
     }
 
 
@@ -387,7 +393,7 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
         if not verdict.allowed:
             # Refused before the script is consulted: the request does not count as one of
             # its prompt's, as a provider's rate limit knows nothing of our scripts.
-            state.log.append(_rate_limited_entry(api, call))
+            state.log.append(_log_entry(api, call, None, 429, rate_limited=True))
             wait = math.ceil(verdict.retry_after_s)
             return _error(
                 api,
@@ -400,24 +406,7 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             attempt, plan = state.plan(call)
         except (ValueError, ValidationError) as err:
             return _error(api, 400, f"mock provider cannot read this request: {err}")
-        # Updated while the answer runs: a stream's chunks so far, and when the client left.
-        entry: dict[str, Any] = {
-            "api": api,
-            "model": call.model,
-            "prompt": _logged(call.prompt),
-            "system": None if call.system is None else _logged(call.system),
-            "max_tokens": call.max_tokens,
-            "temperature": call.temperature,
-            "attempt": attempt,
-            "step": plan.step,
-            "stream": call.stream,
-            "chunks": 0,
-            # When the first text chunk went out (epoch seconds): bench.stream_output
-            # measures from here to the SSE client.
-            "first_chunk_at": None,
-            "disconnected_at": None,
-            "rate_limited": False,
-        }
+        entry = _log_entry(api, call, attempt, plan.step)
         state.log.append(entry)
         if plan.script.delay_ms:
             await asyncio.sleep(plan.script.delay_ms / 1000)
