@@ -421,9 +421,14 @@ class Attempt:
     ) -> ApplicationError:
         """The provider answered 429: its budget pauses for every worker until its
         Retry-After (else the policy's rate-limit wait), and the job waits queued for it
-        without spending this attempt (its workflow gives the job one more)."""
+        without spending this attempt (its workflow gives the job one more). A 429 the fake
+        provider was told to inject is the job's own: it pauses nothing (unless an operator
+        gave the fake a budget), so one test job does not stall every other."""
         call, tools = self.call, self.tools
         name = self.draw.budget if self.draw else budget_name(usage.provider, usage.model)
+        shared = self.draw is not None or tools.adapters.learns_limits(
+            job_options(self.job, self.prompt)
+        )
         wait_s = (
             err.retry_after_s
             if err.retry_after_s is not None
@@ -432,19 +437,21 @@ class Attempt:
             )
         )
         activity.logger.info(
-            "job %s attempt %d: %s; budget %s paused for %.1f s, the attempt is not counted",
-            call.job_id, self.number, err.message, name, wait_s,
+            "job %s attempt %d: %s; %s for %.1f s, the attempt is not counted",
+            call.job_id, self.number, err.message,
+            f"budget {name} paused" if shared else "waiting", wait_s,
         )  # fmt: skip
-        until = await through_outages(
-            "pause budget",
-            lambda: tools.budgets.rate_limited(name, call.job_id, self.number, wait_s),
-        )
+        if shared:
+            until = await through_outages(
+                "pause budget",
+                lambda: tools.budgets.rate_limited(name, call.job_id, self.number, wait_s),
+            )
+            paused = f"; provider budget {name} paused until {until:%H:%M:%S} UTC"
+        else:
+            until, paused = datetime.now(UTC) + timedelta(seconds=wait_s), ""
         await self._ended(usage, stream, drew=False)
         await self.running.done()
-        message = (
-            f"{err.message}; provider budget {name} paused until {until:%H:%M:%S} UTC "
-            "(not counted against max_attempts)"
-        )
+        message = f"{err.message}{paused} (not counted against max_attempts)"
         requeue = Transition(
             call.job_id,
             JobState.QUEUED,
