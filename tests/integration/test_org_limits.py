@@ -174,7 +174,7 @@ async def test_the_ceiling_covers_the_wait_for_a_slot(
     async with running_stack(settings, dev_server.client) as stack:
         jobs = [await submit(stack.http, f"p{i}", 1500) for i in range(8)]
         done = [await stack.settled(job_id, timeout=40) for job_id in jobs]
-        assert done[0]["state"] == "succeeded", done[0]
+        assert any(job["state"] == "succeeded" for job in done), done
         never_admitted = [
             job
             for job in done
