@@ -495,11 +495,6 @@ class Budgets:
             rows = await session.execute(select(BUDGETS))
             return {row.name: tpm for row in rows if (tpm := Limits.of(row).tpm) is not None}
 
-    async def limits(self, name: str) -> Limits | None:
-        async with self.sessions() as session:
-            row = (await session.execute(select(BUDGETS).where(BUDGETS.c.name == name))).first()
-        return None if row is None else Limits.of(row)
-
     async def set_limits(self, name: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
         """The operator's limits for `name` (None: leave it to what the provider teaches)."""
 
