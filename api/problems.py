@@ -15,6 +15,8 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
+from api.openai.errors import openai_error, speaks_openai, validation_error
+from api.openai.responses import UnsupportedParameter
 from api.schemas import REQUEST_FIELDS, unknown_field
 from projections.budgets import OverBudget
 from projections.errors import (
@@ -164,6 +166,15 @@ def unavailable_problem() -> Problem:
 
 def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
     body = problem.body
+    if request is not None and speaks_openai(request.url.path):
+        field = body.errors[0].field if body.errors else None
+        return openai_error(
+            problem.status,
+            body.detail,
+            code=body.code,
+            param=field.split(".", 1)[-1] if field else None,
+            headers=problem.headers,
+        )
     if request is not None and body.instance is None:
         body = body.model_copy(update={"instance": request.url.path})
     return JSONResponse(
@@ -291,8 +302,14 @@ def install(app: FastAPI) -> None:
     for refusal in refusals:
         app.add_exception_handler(refusal, _domain)
 
+    @app.exception_handler(UnsupportedParameter)
+    async def _unsupported(request: Request, exc: UnsupportedParameter) -> JSONResponse:
+        return openai_error(400, exc.message, code="unsupported_parameter", param=exc.param)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if speaks_openai(request.url.path):
+            return validation_error(exc.errors(), lambda e: field_message(e, REQUEST_FIELDS))
         return problem_response(validation_problem(exc.errors(), REQUEST_FIELDS), request)
 
     @app.exception_handler(StarletteHTTPException)

@@ -113,6 +113,9 @@ class Prompt(Base):
     correlation_id: Mapped[str | None] = mapped_column(String(128))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    # A prompt made through the OpenAI-compatible routes (api/openai/): what they echo back
+    # that promptjobs itself has no field for (`model` as sent, `metadata`, `background`).
+    openai: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

@@ -43,6 +43,7 @@ class Submission:
     parent_id: str | None = None
     correlation_id: str | None = None
     after: tuple[str, ...] = ()
+    openai: dict[str, Any] | None = None  # Prompt.openai
 
     def fingerprint(self) -> str:
         body = {
@@ -54,6 +55,7 @@ class Submission:
             "parent_id": self.parent_id,
             "correlation_id": self.correlation_id,
             **({"after": list(self.after)} if self.after else {}),
+            **({"openai": self.openai} if self.openai is not None else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -106,6 +108,7 @@ class JobWrites:
                 "after": list(submission.after) or None,
                 "idempotency_key": submission.idempotency_key,
                 "request_hash": fingerprint,
+                "openai": submission.openai,
                 "created_at": now,
             }
             prepared(tx, ("insert_prompt",), lambda: insert(PROMPTS)).run(tx, prompt)

@@ -176,6 +176,15 @@ class AdapterRegistry:
         adapter = self._adapters.get(self.provider_of(options))
         return str(options.get("model") or (adapter.model if adapter else ""))
 
+    def split_model(self, name: str) -> tuple[str | None, str]:
+        """`provider/model` as OpenAI-style clients name a model: (provider, model) when the
+        part before the first `/` is one of ours, else (None, name), so a bare name (or one
+        with a slash of its own, like `meta-llama/Llama-3.1-8B`) goes to the default."""
+        provider, slash, model = name.partition("/")
+        if slash and model and provider in self._adapters:
+            return provider, model
+        return None, name
+
     def get(self, options: Mapping[str, Any]) -> Adapter:
         name = self.provider_of(options)
         adapter = self._adapters.get(name)

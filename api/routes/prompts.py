@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from api.deps import Caller, JsonBody, ServicesDep
+from api.deps import Caller, JsonBody, Services, ServicesDep
 from api.problems import Problem, problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.domain.chains import UnknownPlaceholder, check_placeholders
@@ -53,18 +53,7 @@ async def submit_prompt(
         ),
     ] = None,
 ) -> Accepted:
-    # The system text goes to the provider with the prompt, so it counts against the limit.
-    system = body.options.system or ""
-    size = len(body.prompt.encode()) + len(system.encode())
-    if size > services.max_prompt_bytes:
-        counted = "the prompt and options.system are" if system else "the prompt is"
-        raise Problem(
-            413,
-            "prompt_too_large",
-            "Prompt too large",
-            f"{counted} {size} bytes of UTF-8; the limit is {services.max_prompt_bytes}: "
-            "send a shorter prompt",
-        )
+    check_prompt_size(services, body.prompt, body.options.system, "options.system")
     options = body.options_as_sent()
     services.jobs.validate_options(options)
     await services.jobs.check_budget(body.prompt, options)
@@ -95,6 +84,22 @@ async def submit_prompt(
     return Accepted(
         prompt_id=accepted.prompt.prompt_id, job_id=accepted.job.job_id, state=accepted.job.state
     )
+
+
+def check_prompt_size(services: Services, prompt: str, system: str | None, named: str) -> None:
+    """The system text (`named` as the client calls it) goes to the provider with the prompt,
+    so it counts against the limit."""
+    system = system or ""
+    size = len(prompt.encode()) + len(system.encode())
+    if size > services.max_prompt_bytes:
+        counted = f"the prompt and {named} are" if system else "the prompt is"
+        raise Problem(
+            413,
+            "prompt_too_large",
+            "Prompt too large",
+            f"{counted} {size} bytes of UTF-8; the limit is {services.max_prompt_bytes}: "
+            "send a shorter prompt",
+        )
 
 
 # A page of prompts carries at most about this much prompt text and options (one prompt

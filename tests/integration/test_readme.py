@@ -77,11 +77,12 @@ async def test_the_readmes_curl_walk_through_runs_as_written(dev: Dev) -> None:
 
 
 async def test_the_readmes_python_example_runs_as_written(dev: Dev) -> None:
-    (example,) = blocks("python")
-    script = f"set -euo pipefail\nsource .data/env\n{sys.executable} - <<'EOF'\n{example}EOF\n"
-    ran = await asyncio.to_thread(run_in, dev.home, ["bash"], script)
-    assert ran.returncode == 0, (ran.stdout, ran.stderr)
-    assert ran.stdout.startswith("succeeded [fake:"), ran.stdout
+    client, sdk = blocks("python")
+    for example, prints in ((client, "succeeded [fake:"), (sdk, "completed [fake:")):
+        script = f"set -euo pipefail\nsource .data/env\n{sys.executable} - <<'EOF'\n{example}EOF\n"
+        ran = await asyncio.to_thread(run_in, dev.home, ["bash"], script)
+        assert ran.returncode == 0, (ran.stdout, ran.stderr)
+        assert ran.stdout.startswith(prints), ran.stdout
 
 
 async def test_dev_runs_its_worker_in_a_process_of_its_own(dev: Dev) -> None:

@@ -1,0 +1,26 @@
+"""What the OpenAI-compatible front door was asked for: prompts.openai
+
+Revision ID: 0013
+Revises: 0012
+Create Date: 2026-12-06
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0013"
+down_revision: str | None = "0012"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("prompts", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("openai", sa.JSON(none_as_null=True), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("prompts", schema=None) as batch_op:
+        batch_op.drop_column("openai")
