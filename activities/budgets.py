@@ -9,13 +9,13 @@ the adapter's default, else the typical answer this worker has seen on the budge
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from activities.adapters.base import AdapterRegistry, ProviderLimits
+from activities.stale import AtMostEvery
 from projections.budgets import Budgets, Draw, budget_name
 from projections.errors import database_unavailable
 from projections.models import Job, Prompt, job_options
@@ -58,22 +58,26 @@ class WorkerBudgets:
     _known: dict[str, bool] = field(default_factory=dict)
     # Orgs with a quota of their own: tokens a minute over every budget.
     _quotas: dict[str, int] = field(default_factory=dict)
-    _read_at: float = -1e9
     _learned: dict[str, ProviderLimits | None] = field(default_factory=dict)
     _typical: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self._every = AtMostEvery(self.refresh_s, self._read)
+
     async def refresh(self) -> None:
-        """Read the budgets and quotas again if the last read is stale. While the database is
-        unreachable the last read stands: the attempt's start waits the outage out anyway."""
-        if time.monotonic() - self._read_at < self.refresh_s:
-            return
+        """Read the budgets and quotas again if the last read is stale (once, however many
+        attempts ask meanwhile)."""
+        await self._every()
+
+    async def _read(self) -> None:
+        # While the database is unreachable the last read stands: the attempt's start waits
+        # the outage out anyway.
         try:
             self._known = await self.store.known()
             self._quotas = await self.store.org_quotas()
         except Exception as err:
             if not database_unavailable(err):
                 raise
-        self._read_at = time.monotonic()
 
     def may_bind(self) -> bool:
         """Whether any attempt of this worker may have to draw: a budget binds, or a

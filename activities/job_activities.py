@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -39,6 +38,7 @@ from activities.contracts import (
 from activities.outages import through_outages
 from activities.output import OutputStreams
 from activities.prices import PriceTable
+from activities.stale import AtMostEvery
 from projections.admission import fleet_share
 from projections.budgets import Draw
 from projections.chain_store import ChainStore
@@ -98,7 +98,7 @@ class JobActivities:
         self.task_queue = task_queue
         self.worker_heartbeat_s = worker_heartbeat_s
         self._org_limit_now = org_max_running
-        self._fleet_read_at = -1e9
+        self._fleet_read = AtMostEvery(FLEET_READ_S, self._read_fleet)
 
     @activity.defn(name="call_adapter")
     async def call_adapter(self, call: AdapterCall) -> AdapterOutcome:
@@ -170,18 +170,20 @@ class JobActivities:
         the live fleet (projections/admission.fleet_share), read at most every FLEET_READ_S."""
         if self.task_queue is None:
             return self.org_max_running
-        if time.monotonic() - self._fleet_read_at >= FLEET_READ_S:
-            since = datetime.now(UTC) - timedelta(seconds=3 * self.worker_heartbeat_s)
-            try:
-                slots = await self.store.workers.live_slots(self.task_queue, since)
-                orgs = await self.store.orgs.active() if slots else 0
-                self._org_limit_now = fleet_share(self.org_max_running, slots, orgs)
-            except Exception as err:
-                # The last read stands: the attempt's start waits the outage out anyway.
-                if not database_unavailable(err):
-                    raise
-            self._fleet_read_at = time.monotonic()
+        await self._fleet_read()
         return self._org_limit_now
+
+    async def _read_fleet(self) -> None:
+        assert self.task_queue is not None
+        since = datetime.now(UTC) - timedelta(seconds=3 * self.worker_heartbeat_s)
+        try:
+            slots = await self.store.workers.live_slots(self.task_queue, since)
+            orgs = await self.store.orgs.active() if slots else 0
+            self._org_limit_now = fleet_share(self.org_max_running, slots, orgs)
+        except Exception as err:
+            # The last read stands: the attempt's start waits the outage out anyway.
+            if not database_unavailable(err):
+                raise
 
     async def _draw_of(self, call: AdapterCall) -> Callable[[Job, Prompt], Draw | None] | None:
         """How the attempt's start decides its draw on a provider budget, where any may
