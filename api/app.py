@@ -11,7 +11,7 @@ from api import problems
 from api.deps import Services
 from api.limits import BodyLimit
 from api.openapi import exact_openapi
-from api.routes import events, health, jobs, metrics, page, prompts, responses
+from api.routes import batches, events, files, health, jobs, metrics, page, prompts, responses
 
 # Room for the JSON envelope around the largest prompt allowed (options, escapes).
 BODY_OVERHEAD_BYTES = 64 * 1024
@@ -35,10 +35,11 @@ def create_app(services: Services) -> FastAPI:
         BodyLimit,
         max_bytes=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES,
         prompt_bytes=services.max_prompt_bytes,
+        file_bytes=services.max_file_bytes,
     )
     app.state.services = services
     problems.install(app)
-    for module in (prompts, jobs, responses, events, health, metrics, page):
+    for module in (prompts, jobs, responses, files, batches, events, health, metrics, page):
         app.include_router(module.router)
 
     def openapi() -> dict[str, Any]:

@@ -9,6 +9,7 @@ from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.changes import ChangeFeed
+from api.openai.batches import BatchRunner
 from api.problems import Problem
 from projections.keys import KeyCache, key_id_of
 from projections.metrics import QueueDepth
@@ -22,7 +23,9 @@ class Services:
     store: JobStore
     jobs: JobService
     feed: ChangeFeed
+    batches: BatchRunner
     max_prompt_bytes: int
+    max_file_bytes: int
     sse_keepalive_s: float
     sse_max_lifetime_s: float
     queue_depth: QueueDepth
@@ -127,7 +130,23 @@ async def get_stream_caller(
     return Streamer(scope, key_id)
 
 
+async def get_keyed_caller(
+    request: Request,
+    services: ServicesDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Streamer:
+    """A caller with its key's id, for routes that may answer with a stream (the key in the
+    Authorization header only)."""
+    token = credentials.credentials if credentials else None
+    scope = await _authenticate(services, token, request)
+    assert token is not None
+    key_id = key_id_of(token)
+    assert key_id is not None  # authenticated, so well formed
+    return Streamer(scope, key_id)
+
+
 Caller = Annotated[Scope, Depends(get_caller)]
+KeyedCaller = Annotated[Streamer, Depends(get_keyed_caller)]
 StreamCaller = Annotated[Streamer, Depends(get_stream_caller)]
 
 

@@ -304,7 +304,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(UnsupportedParameter)
     async def _unsupported(request: Request, exc: UnsupportedParameter) -> JSONResponse:
-        return openai_error(400, exc.message, code="unsupported_parameter", param=exc.param)
+        return openai_error(exc.status, exc.message, code=exc.code, param=exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

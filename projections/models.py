@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -387,3 +388,81 @@ class BudgetWaiter(Base):
     rank: Mapped[float] = mapped_column(Float)
     tokens: Mapped[int] = mapped_column(Integer)
     since: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class StoredFile(Base):
+    """A file uploaded through `POST /v1/files` (OpenAI's Files API): its content is in
+    `file_chunks`, so any API process can read it and none holds it whole."""
+
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_org_created", "org", "created_at"),)
+
+    file_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    author: Mapped[str] = mapped_column(String(64))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class FileChunk(Base):
+    __tablename__ = "file_chunks"
+
+    # No foreign key: a file's chunks are written before its row (projections/files.py).
+    file_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Batch(Base):
+    """A batch (OpenAI's Batch API): each line of its input file is one prompt and its job."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_org_created", "org", "created_at"),
+        Index("ix_batches_status", "status"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    author: Mapped[str] = mapped_column(String(64))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    # `metadata` is SQLAlchemy's own attribute on a declarative class.
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON(none_as_null=True))
+    status: Mapped[str] = mapped_column(String(16))
+    # Lines in the input file, once it has been read; lines accepted as jobs so far.
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    # Counts written when the batch is over (until then they are counted from its jobs).
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True))
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class BatchLine(Base):
+    """One line of a batch's input file: the prompt it became."""
+
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id", name="uq_batch_lines_custom_id"),
+        Index("ix_batch_lines_prompt", "prompt_id"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.batch_id"), primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)
+    custom_id: Mapped[str] = mapped_column(String(512))
+    prompt_id: Mapped[str] = mapped_column(String(40))

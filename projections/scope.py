@@ -10,9 +10,9 @@ from sqlalchemy import Select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from projections.errors import NotFound
-from projections.models import Job, Prompt, Response
+from projections.models import Batch, Job, Prompt, Response, StoredFile
 
-Row = TypeVar("Row", Job, Prompt, Response)
+Row = TypeVar("Row", Job, Prompt, Response, StoredFile, Batch)
 
 OPERATOR_ROLE = "operator"
 
@@ -58,7 +58,7 @@ def scoped(stmt: Select[Any], model: Any, scope: Scope) -> Select[Any]:
     return stmt
 
 
-def visible(row: Job | Prompt | Response, scope: Scope) -> bool:
+def visible(row: Job | Prompt | Response | StoredFile | Batch, scope: Scope) -> bool:
     if scope.all_orgs:
         return True
     return row.org == scope.org and (scope.author is None or row.author == scope.author)

@@ -2,7 +2,8 @@
 of its writes (projections/writes.py), reads (reads.py) and the dispatcher's scans (scans.py),
 over one session factory and the projector that owns transitions. What is not one job's
 row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share),
-`budgets` (provider budgets) and `operations` (the operator's views and archive). A new
+`budgets` (provider budgets), `files` and `batches` (OpenAI's Files and Batch APIs)
+and `operations` (the operator's views and archive). A new
 query goes into one of these, never into a free function that takes a session factory
 (docs/decisions.md)."""
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.admission import OrgShares
+from projections.batches import BatchStore
 from projections.budgets import Budgets
 from projections.chain_store import ChainStore
+from projections.files import FileStore
 from projections.keys import KeyStore
 from projections.operations import Operations
 from projections.projector import Projector
@@ -32,3 +35,5 @@ class JobStore(JobWrites, JobReads, DispatchScans):
         self.orgs = OrgShares(sessions)
         self.budgets = Budgets(sessions, projector.writes)
         self.operations = Operations(sessions)
+        self.files = FileStore(sessions, projector.writes)
+        self.batches = BatchStore(sessions, projector.writes)

@@ -121,11 +121,11 @@ class JobWrites:
                         "parent_id": parent_id,
                     },
                 )
-            job = self._new_job(
+            job = self.new_job(
                 tx, prompt, submission.priority, submission.max_attempts, submission.options, now
             )
             job.scheduled_for = submission.scheduled_for
-            self._insert_job(tx, job, now)
+            self.insert_job(tx, job, now)
             return Submitted(Prompt(**prompt), job, created=True)
 
         try:
@@ -191,7 +191,7 @@ class JobWrites:
             return Submitted(prompt, job, created=False)
 
     @staticmethod
-    def _new_job(
+    def new_job(
         tx: WriteTx,
         prompt: dict[str, Any],
         priority: int,
@@ -221,7 +221,7 @@ class JobWrites:
         )
 
     @staticmethod
-    def _insert_job(tx: WriteTx, job: Job, now: datetime) -> None:
+    def insert_job(tx: WriteTx, job: Job, now: datetime) -> None:
         statement = prepared(tx, ("insert_job",), lambda: insert(JOBS))
         statement.run(tx, {c.key: getattr(job, c.key) for c in JOBS.c})
         append_event(tx, job, job.last_event_id, now)
@@ -257,7 +257,7 @@ class JobWrites:
             row = tx.execute(select(PROMPTS).where(PROMPTS.c.prompt_id == old.prompt_id)).first()
             assert row is not None
             prompt = dict(row._mapping)
-            new = self._new_job(
+            new = self.new_job(
                 tx,
                 prompt,
                 old.priority if changes.priority is None else changes.priority,
@@ -266,7 +266,7 @@ class JobWrites:
                 now,
             )
             new.supersedes = old.job_id
-            self._insert_job(tx, new, now)
+            self.insert_job(tx, new, now)
             superseded = Transition(old.job_id, JobState.SUPERSEDED, superseded_by=new.job_id)
             if transition(tx, superseded, now) is None:
                 raise InvalidState(old.job_id, old.state, "retry")

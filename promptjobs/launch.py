@@ -309,6 +309,8 @@ async def serve(
         )
         tasks.append(asyncio.create_task(server.serve(), name="api"))
         tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
+        runner = app.state.services.batches
+        tasks.append(asyncio.create_task(runner.run(stop=stop), name="batches"))
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(), name="worker"))
         tasks.append(

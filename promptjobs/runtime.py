@@ -25,6 +25,7 @@ from activities.prices import PriceTable
 from activities.retention import RetentionActivities
 from api.app import create_app
 from api.deps import Services
+from api.openai.batches import BatchRunner
 from projections.keys import KeyCache
 from projections.metrics import QueueDepth
 from promptjobs.settings import Settings
@@ -111,7 +112,9 @@ def build_app(
             store=projection.store,
             jobs=jobs,
             feed=projection.feed,
+            batches=BatchRunner(projection.store, jobs, max_prompt_bytes=settings.max_prompt_bytes),
             max_prompt_bytes=settings.max_prompt_bytes,
+            max_file_bytes=settings.max_file_bytes,
             sse_keepalive_s=settings.sse_keepalive_s,
             sse_max_lifetime_s=settings.sse_max_lifetime_s,
             keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),

@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     max_prompt_bytes: int = 100_000
     """Largest prompt the API accepts, in UTF-8 bytes (with `options.system`, which goes to
     the provider with it)."""
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    """Largest file `POST /v1/files` accepts (a batch's input file), in bytes."""
     worker_max_concurrent_activities: int = Field(default=1000, ge=1)
     """Activities (adapter calls and projection writes) one worker runs at once."""
     worker_max_concurrent_workflow_tasks: int = Field(default=100, ge=2)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from activities.adapters.base import AdapterRegistry
-from activities.adapters.options import NO_NUL
-from projections.domain.lifecycle import JobState
-from projections.models import Job, Prompt
+from activities.adapters.base import AdapterRegistry, parse_options
+from activities.adapters.options import NO_NUL, PromptOptions
+from projections.domain.lifecycle import ErrorKind, JobState
+from projections.models import Prompt
+from projections.writes import Submission
 
 # OpenAI's bounds on `metadata`: 16 pairs, keys of 64 characters, values of 512.
 METADATA_PAIRS = 16
@@ -21,19 +22,72 @@ CUT_AT_LIMIT = frozenset({"length", "max_tokens"})
 
 # Parameters the SDK may send that change nothing here: accepted and not kept.
 IGNORED = frozenset(
-    {"user", "safety_identifier", "prompt_cache_key", "service_tier", "truncation", "include"}
+    {
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "service_tier",
+        "truncation",
+        "include",
+        "stream_options",
+    }
 )
 # ... and the tool settings that mean "no tools".
 NO_TOOLS = {"tool_choice": ("none", "auto"), "parallel_tool_calls": (False, True)}
 
 
 class UnsupportedParameter(Exception):
-    """A parameter promptjobs cannot honour: a 400 naming it, never silently dropped."""
+    """A parameter promptjobs cannot honour: a 400 naming it, never silently dropped (or
+    another refusal of one parameter, with its own code and status)."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(
+        self, param: str, message: str, *, code: str = "unsupported_parameter", status: int = 400
+    ) -> None:
         super().__init__(message)
         self.param = param
         self.message = message
+        self.code = code
+        self.status = status
+
+
+def check_size(prompt: str, system: str | None, limit: int) -> None:
+    """The prompt and its system text go to the provider together: their UTF-8 bytes
+    against PROMPTJOBS_MAX_PROMPT_BYTES."""
+    size = len(prompt.encode()) + len((system or "").encode())
+    if size > limit:
+        raise UnsupportedParameter(
+            "input",
+            f"the input and instructions are {size} bytes of UTF-8; the limit is {limit}: "
+            "send a shorter input",
+            code="prompt_too_large",
+            status=413,
+        )
+
+
+def submission_of(
+    body: CreateResponse,
+    adapters: AdapterRegistry,
+    *,
+    max_prompt_bytes: int,
+    max_attempts_default: int,
+    idempotency_key: str | None = None,
+) -> Submission:
+    """The prompt a create (or a batch's line) submits; raises UnsupportedParameter or
+    InvalidOptions for what cannot be run."""
+    body.check_supported()
+    text, system = body.prompt_and_system()
+    check_size(text, system, max_prompt_bytes)
+    options = body.options(adapters, system)
+    parse_options(PromptOptions, options, "promptjobs.options")
+    adapters.validate(options)
+    return Submission(
+        text=text,
+        priority=body.promptjobs.priority,
+        max_attempts=body.promptjobs.max_attempts or max_attempts_default,
+        options=options,
+        idempotency_key=idempotency_key,
+        openai=body.kept(),
+    )
 
 
 class InputPart(BaseModel):
@@ -178,7 +232,25 @@ def prompt_id_of(response_id: str) -> str:
     return PROMPT_PREFIX + response_id.removeprefix(RESPONSE_PREFIX)
 
 
-def status_of(job: Job, finish_reason: str | None) -> str:
+class JobLike(Protocol):
+    """A job as its row or one of its events has it."""
+
+    job_id: str
+    state: JobState
+    attempt: int
+    options: dict[str, Any] | None
+    error_kind: ErrorKind | None
+    error_message: str | None
+    input_tokens: int
+    output_tokens: int
+
+
+def message_id(job_id: str, attempt: int) -> str:
+    """The id of the message item an attempt's text is (api/openai/stream.py)."""
+    return f"msg_{job_id.removeprefix('job_')}_{attempt}"
+
+
+def status_of(job: JobLike, finish_reason: str | None) -> str:
     if job.state == JobState.QUEUED:
         # A job waiting to retry has been worked on: OpenAI's `in_progress`.
         return "queued" if job.attempt == 0 else "in_progress"
@@ -201,7 +273,7 @@ ERROR_CODES: Mapping[str, str] = {
 
 def response_object(
     prompt: Prompt,
-    job: Job,
+    job: JobLike,
     *,
     text: str | None = None,
     finish_reason: str | None = None,
@@ -217,7 +289,7 @@ def response_object(
         output.append(
             {
                 "type": "message",
-                "id": "msg_" + job.job_id.removeprefix("job_"),
+                "id": message_id(job.job_id, job.attempt),
                 "status": "incomplete" if status == "incomplete" else "completed",
                 "role": "assistant",
                 "content": [{"type": "output_text", "text": text, "annotations": []}],

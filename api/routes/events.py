@@ -11,8 +11,8 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api.changes import StreamLimit, StreamScope, frame
-from api.deps import ServicesDep, StreamCaller
+from api.changes import StreamLimit, StreamScope, Subscription, frame
+from api.deps import Services, ServicesDep, StreamCaller
 from api.problems import Problem, problem_responses
 from api.routes.jobs import CURSOR_PATTERN
 from projections.domain.lifecycle import EventType
@@ -28,6 +28,20 @@ LIFETIME_JITTER = 0.1
 SEND_TIMEOUT_S = 60.0
 # How often an idle stream of one job asks whether the job is over without a job.done.
 OVER_CHECK_S = 5.0
+
+
+async def subscribe(services: Services, scope: StreamScope, key_id: str) -> Subscription:
+    """A subscription to the live feed, or a 429 past the bound on streams."""
+    try:
+        return await services.feed.subscribe(scope, key_id)
+    except StreamLimit as err:
+        raise Problem(
+            429,
+            "too_many_streams",
+            "Too many event streams",
+            err.detail,
+            headers={"Retry-After": str(STREAM_RETRY_AFTER_S)},
+        ) from err
 
 
 @router.get(
@@ -89,16 +103,7 @@ async def stream_events(
         await services.store.prompt(scope, prompt_id)
     resume = last_event_id if last_event_id is not None else since
     feed = services.feed
-    try:
-        sub = await feed.subscribe(StreamScope.of(scope, job_id, prompt_id), caller.key_id)
-    except StreamLimit as err:
-        raise Problem(
-            429,
-            "too_many_streams",
-            "Too many event streams",
-            err.detail,
-            headers={"Retry-After": str(STREAM_RETRY_AFTER_S)},
-        ) from err
+    sub = await subscribe(services, StreamScope.of(scope, job_id, prompt_id), caller.key_id)
     # Streams opened together (after a deploy, say) should not all end together.
     lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 

@@ -4,21 +4,27 @@ GET /v1/responses/rsp_…, what a succeeded job produced, in promptjobs' own sha
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
-from activities.adapters.base import parse_options
-from activities.adapters.options import PromptOptions
-from api.deps import Caller, JsonBody, Services, ServicesDep
-from api.openai.responses import CreateResponse, UnsupportedParameter, prompt_id_of, response_object
+from api.changes import StreamScope
+from api.deps import Caller, JsonBody, KeyedCaller, Services, ServicesDep, Streamer
+from api.openai.responses import CreateResponse, prompt_id_of, response_object, submission_of
+from api.openai.stream import ResponseEvents
 from api.problems import problem_responses
-from api.routes.prompts import check_prompt_size
+from api.routes.events import BATCH, LIFETIME_JITTER, OVER_CHECK_S, SEND_TIMEOUT_S, subscribe
 from api.schemas import ResponseOut
 from projections.errors import InvalidState
+from projections.models import Prompt
+from projections.rows import JobRow
 from projections.scope import Scope
-from projections.writes import Submission
 
 router = APIRouter(prefix="/v1/responses", tags=["responses"])
 
@@ -29,42 +35,44 @@ POLL_FIRST_S = 0.05
 POLL_MAX_S = 0.5
 
 OPENAI_OBJECT = {
-    "description": "An OpenAI `response` object (see docs/openai.md)",
-    "content": {"application/json": {"schema": {"type": "object"}}},
+    "description": "An OpenAI `response` object (see docs/openai.md), or with `stream`, its "
+    "events (`text/event-stream`)",
+    "content": {
+        "application/json": {"schema": {"type": "object"}},
+        "text/event-stream": {"schema": {"type": "string"}},
+    },
 }
 
 
-@router.post("", responses={200: OPENAI_OBJECT, **problem_responses(400, 401, 404, 413, 415)})
+@router.post(
+    "",
+    response_model=None,
+    responses={200: OPENAI_OBJECT, **problem_responses(400, 401, 404, 413, 415, 429)},
+)
 async def create_response(
     body: CreateResponse,
-    caller: Caller,
+    keyed: KeyedCaller,
     _json: Annotated[None, JsonBody],
     services: ServicesDep,
     request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
-) -> JSONResponse:
-    """OpenAI's `responses.create`: one prompt and its job. With `background`, answers at
-    once (`queued`); without, once the job has settled (the job runs durably either way: a
-    client that leaves does not cancel it)."""
-    body.check_supported()
-    if body.stream:
-        raise UnsupportedParameter("stream", "streaming is not supported yet")
-    text, system = body.prompt_and_system()
-    check_prompt_size(services, text, system, "instructions and system messages")
-    options = body.options(services.jobs.adapters, system)
-    parse_options(PromptOptions, options, "promptjobs.options")
-    services.jobs.validate_options(options)
-    await services.jobs.check_budget(text, options)
-    submission = Submission(
-        text=text,
-        priority=body.promptjobs.priority,
-        max_attempts=body.promptjobs.max_attempts or services.jobs.max_attempts_default,
-        options=options,
+) -> JSONResponse | EventSourceResponse:
+    """OpenAI's `responses.create`: one prompt and its job. With `stream`, answers its events
+    as they happen; with `background`, answers at once (`queued`); else once the job has
+    settled. The job runs durably either way: a client that leaves does not cancel it."""
+    caller = keyed.scope
+    submission = submission_of(
+        body,
+        services.jobs.adapters,
+        max_prompt_bytes=services.max_prompt_bytes,
+        max_attempts_default=services.jobs.max_attempts_default,
         idempotency_key=idempotency_key,
-        openai=body.kept(),
     )
+    await services.jobs.check_budget(submission.text, submission.options)
     accepted = await services.jobs.submit(caller, submission)
     prompt_id = accepted.prompt.prompt_id
+    if body.stream:
+        return await _stream(services, keyed, accepted.prompt, starting_after=None)
     if body.background:
         return JSONResponse(await _object(services, caller, prompt_id))
     return JSONResponse(await _settled(services, caller, prompt_id, request=request))
@@ -76,12 +84,23 @@ async def create_response(
     responses={200: {"model": ResponseOut, **OPENAI_OBJECT}, **problem_responses(401, 404)},
 )
 async def read_response(
-    response_id: str, caller: Caller, services: ServicesDep
-) -> ResponseOut | JSONResponse:
-    """`resp_…`: OpenAI's `responses.retrieve`. `rsp_…`: a succeeded job's answer as
-    promptjobs keeps it (the ResponseOut schema)."""
+    response_id: str,
+    keyed: KeyedCaller,
+    services: ServicesDep,
+    stream: Annotated[bool, Query(description="Answer the response's events (OpenAI's)")] = False,
+    starting_after: Annotated[
+        int | None, Query(ge=-1, description="With `stream`: the events after this sequence number")
+    ] = None,
+) -> ResponseOut | JSONResponse | EventSourceResponse:
+    """`resp_…`: OpenAI's `responses.retrieve`, with `stream=true` its events from the
+    start (or after `starting_after`), replayed from the log and then live. `rsp_…`: a
+    succeeded job's answer as promptjobs keeps it (the ResponseOut schema)."""
+    caller = keyed.scope
     if response_id.startswith("rsp_"):
         return ResponseOut.of(await services.store.response(caller, response_id))
+    if stream:
+        prompt, _ = await services.store.prompt(caller, prompt_id_of(response_id))
+        return await _stream(services, keyed, prompt, starting_after=starting_after)
     return JSONResponse(await _object(services, caller, prompt_id_of(response_id)))
 
 
@@ -133,3 +152,70 @@ async def _settled(
             return await _object(services, caller, prompt_id)
         await asyncio.sleep(pause)
         pause = min(pause * 2, POLL_MAX_S)
+
+
+async def _stream(
+    services: Services, keyed: Streamer, prompt: Prompt, *, starting_after: int | None
+) -> EventSourceResponse:
+    """The response's events from the prompt's event log, then live (api/openai/stream.py):
+    the log is read again whenever the feed says the prompt has a new event, so every API
+    process gives the same events with the same sequence numbers."""
+    scope, store, prompt_id = keyed.scope, services.store, prompt.prompt_id
+    sub = await subscribe(services, StreamScope.of(scope, None, prompt_id), keyed.key_id)
+    lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
+
+    async def snapshot(row: JobRow, final: bool) -> dict[str, Any]:
+        if not final or row.response_id is None:
+            return response_object(prompt, row)
+        answer = await store.response(scope, row.response_id)
+        return response_object(
+            prompt, row, text=answer.text, finish_reason=answer.finish_reason, model=answer.model
+        )
+
+    def frames(events: list[dict[str, Any]]) -> bytes:
+        return b"".join(
+            ServerSentEvent(data=json.dumps(event), event=event["type"]).encode()
+            for event in events
+            if starting_after is None or event["sequence_number"] > starting_after
+        )
+
+    async def events() -> AsyncIterator[bytes]:
+        translator = ResponseEvents(prompt, snapshot)
+        cursor, until = 0, sub.start
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + lifetime_s
+        try:
+            while True:
+                # Everything up to `until` is final in the log: read it (in batches).
+                while rows := await asyncio.shield(
+                    store.events_since(scope, cursor, BATCH, prompt_id=prompt_id, until=until)
+                ):
+                    out = [frame for row in rows for frame in await translator.feed(row)]
+                    cursor = rows[-1].id
+                    if data := frames(out):
+                        yield data
+                    if translator.over:
+                        return
+                remaining = deadline - loop.time()
+                if sub.ended is not None or remaining <= 0:
+                    return  # the client resumes with `starting_after`
+                live = await sub.take(min(remaining, OVER_CHECK_S))
+                if live:
+                    until = max(until, *(event.id for event in live))
+                    continue
+                # Idle: a job that settled without a job.done (its worker died) ends by time.
+                _, jobs = await asyncio.shield(store.prompt(scope, prompt_id))
+                over = await asyncio.shield(store.job_over_at(scope, jobs[-1].job_id))
+                if over is not None and cursor >= over:
+                    if data := frames(await translator.finish(JobRow.model_validate(jobs[-1]))):
+                        yield data
+                    return
+        finally:
+            services.feed.unsubscribe(sub)
+
+    return EventSourceResponse(
+        events(),
+        ping=services.sse_keepalive_s,
+        send_timeout=SEND_TIMEOUT_S,
+        background=BackgroundTask(services.feed.unsubscribe, sub),
+    )

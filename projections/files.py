@@ -1,0 +1,167 @@
+"""Files uploaded through OpenAI's Files API, kept in the projection database in chunks of
+CHUNK_BYTES: any API process can serve one, and none holds one whole (a batch's 50,000-line
+input is read a chunk at a time)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import IO, Any
+
+from sqlalchemy import Table, delete, insert, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.db import GroupCommit, WriteTx
+from projections.event_log import utcnow
+from projections.models import Base, FileChunk, StoredFile
+from projections.scope import Scope, get_visible, scoped
+
+CHUNK_BYTES = 1 << 20
+# Chunks one write transaction inserts: a large file is written in several, so no one
+# transaction holds SQLite's write lock for long; the file row comes last, so a reader never
+# sees a file whose content is not all there.
+CHUNKS_PER_WRITE = 8
+
+FILES = Base.metadata.tables[StoredFile.__tablename__]
+CHUNKS = Base.metadata.tables[FileChunk.__tablename__]
+
+
+def new_file_id() -> str:
+    return f"file-{uuid.uuid4().hex}"
+
+
+class FileTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the file is over {limit:,} bytes")
+        self.limit = limit
+
+
+class FileStore:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
+        self.sessions = sessions
+        self.writes = writes
+
+    async def create(
+        self,
+        scope: Scope,
+        *,
+        purpose: str,
+        filename: str,
+        source: IO[bytes],
+        max_bytes: int,
+        file_id: str | None = None,
+    ) -> StoredFile:
+        """Store what `source` holds (read a chunk at a time) as a new file of the caller's."""
+        file_id = file_id or new_file_id()
+        return await self.write(scope, file_id, purpose, filename, _read(source), max_bytes)
+
+    async def write(
+        self,
+        scope: Scope,
+        file_id: str,
+        purpose: str,
+        filename: str,
+        chunks: AsyncIterator[bytes],
+        max_bytes: int | None = None,
+    ) -> StoredFile:
+        """Store `chunks` (each at most CHUNK_BYTES) as the file `file_id`."""
+        size = seq = 0
+        try:
+            while True:
+                part: list[bytes] = []
+                async for chunk in chunks:
+                    part.append(chunk)
+                    if len(part) == CHUNKS_PER_WRITE:
+                        break
+                if not part:
+                    break
+                size += sum(len(chunk) for chunk in part)
+                if max_bytes is not None and size > max_bytes:
+                    raise FileTooLarge(max_bytes)
+                rows = [
+                    {"file_id": file_id, "seq": seq + i, "data": chunk}
+                    for i, chunk in enumerate(part)
+                ]
+                seq += len(part)
+                await self.writes.run(partial(_insert, table=CHUNKS, rows=rows))
+            row = {
+                "file_id": file_id,
+                "org": scope.org,
+                "author": scope.user,
+                "purpose": purpose,
+                "filename": filename,
+                "bytes": size,
+                "created_at": utcnow(),
+            }
+            await self.writes.run(partial(_insert, table=FILES, rows=[row]))
+        except BaseException:
+            await self.writes.run(lambda tx: _remove(tx, file_id))
+            raise
+        return StoredFile(**row)
+
+    async def get(self, scope: Scope, file_id: str) -> StoredFile:
+        async with self.sessions() as session:
+            return await get_visible(session, StoredFile, "file", file_id, scope)
+
+    async def content(self, scope: Scope, file_id: str) -> AsyncIterator[bytes]:
+        """The file's bytes, a chunk at a time (one read each)."""
+        await self.get(scope, file_id)
+        seq = 0
+        while True:
+            async with self.sessions() as session:
+                data = await session.scalar(
+                    select(CHUNKS.c.data).where(CHUNKS.c.file_id == file_id, CHUNKS.c.seq == seq)
+                )
+            if data is None:
+                return
+            yield bytes(data)
+            seq += 1
+
+    async def lines(self, scope: Scope, file_id: str) -> AsyncIterator[bytes]:
+        """The file's lines (without their line breaks), read a chunk at a time."""
+        rest = b""
+        async for chunk in self.content(scope, file_id):
+            rest += chunk
+            *whole, rest = rest.split(b"\n")
+            for line in whole:
+                yield line.rstrip(b"\r")
+        if rest.strip():
+            yield rest.rstrip(b"\r")
+
+    async def page(
+        self, scope: Scope, *, limit: int, after: str | None, purpose: str | None
+    ) -> list[StoredFile]:
+        """The caller's files, newest first; `after`: those older than that file."""
+        stmt = scoped(select(StoredFile), StoredFile, scope)
+        if purpose is not None:
+            stmt = stmt.where(StoredFile.purpose == purpose)
+        if after is not None:
+            anchor = await self.get(scope, after)
+            stmt = stmt.where(
+                (StoredFile.created_at < anchor.created_at)
+                | ((StoredFile.created_at == anchor.created_at) & (StoredFile.file_id < after))
+            )
+        stmt = stmt.order_by(StoredFile.created_at.desc(), StoredFile.file_id.desc()).limit(limit)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def delete(self, scope: Scope, file_id: str) -> None:
+        await self.get(scope, file_id)
+        await self.writes.run(lambda tx: _remove(tx, file_id))
+
+
+def _insert(tx: WriteTx, table: Table, rows: list[dict[str, Any]]) -> None:
+    tx.conn.execute(insert(table), rows)
+
+
+def _remove(tx: WriteTx, file_id: str) -> None:
+    tx.execute(delete(CHUNKS).where(CHUNKS.c.file_id == file_id))
+    tx.execute(delete(FILES).where(FILES.c.file_id == file_id))
+
+
+async def _read(source: IO[bytes]) -> AsyncIterator[bytes]:
+    """A spooled upload, read a chunk at a time (off the event loop: it may be on disk)."""
+    while chunk := await asyncio.to_thread(source.read, CHUNK_BYTES):
+        yield chunk
