@@ -136,3 +136,25 @@ async def test_resume_from_a_sequence_number_on_a_restarted_api(
     text = "".join(e.delta for e in seen + rest if e.type == "response.output_text.delta")
     assert text == fake_output(PROMPT)
     assert rest[-1].type == "response.completed"
+
+
+async def test_cancel_mid_stream_ends_the_stream_cancelled(stack: Stack) -> None:
+    client = sdk(stack.base_url, stack.api_key)
+    stream = await client.responses.create(
+        model="fake/any", input=PROMPT, stream=True, extra_body=fake(30_000)
+    )
+    events: list[Any] = []
+    asked = False
+    async for event in stream:
+        events.append(event)
+        if event.type == "response.output_text.delta" and not asked:
+            asked = True
+            cancelled = await client.responses.cancel(events[0].response.id)
+            assert cancelled.status == "cancelled"
+    assert_well_formed(events)
+    last = events[-1]
+    assert last.type == "response.failed"
+    assert last.response.status == "cancelled"
+    # The cut text's item is closed, not left open.
+    assert events[-2].type == "response.output_item.done"
+    assert events[-2].item.status == "incomplete"
