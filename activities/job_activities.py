@@ -39,7 +39,6 @@ from activities.outages import through_outages
 from activities.output import OutputStreams
 from activities.prices import PriceTable
 from activities.stale import AtMostEvery
-from projections.admission import fleet_share
 from projections.budgets import Draw
 from projections.chain_store import ChainStore
 from projections.domain.lifecycle import BackoffPolicy, JobState
@@ -73,6 +72,7 @@ class JobActivities:
         priority_aging_s: float = 5.0,
         task_queue: str | None = None,
         worker_heartbeat_s: float = 15.0,
+        own_slots: int = 0,
     ) -> None:
         self.store = store
         self.projector = store.projector
@@ -97,6 +97,9 @@ class JobActivities:
         self.org_max_running = org_max_running
         self.task_queue = task_queue
         self.worker_heartbeat_s = worker_heartbeat_s
+        # This worker's own activity slots: the fleet it knows of before its first
+        # registration is read back (its first attempts must not run on the configured limit).
+        self.own_slots = own_slots
         self._org_limit_now = org_max_running
         self._fleet_read = AtMostEvery(FLEET_READ_S, self._read_fleet)
 
@@ -177,9 +180,9 @@ class JobActivities:
         assert self.task_queue is not None
         since = datetime.now(UTC) - timedelta(seconds=3 * self.worker_heartbeat_s)
         try:
-            slots = await self.store.workers.live_slots(self.task_queue, since)
-            orgs = await self.store.orgs.active() if slots else 0
-            self._org_limit_now = fleet_share(self.org_max_running, slots, orgs)
+            self._org_limit_now = await self.store.default_org_limit(
+                self.org_max_running, self.task_queue, since, own_slots=self.own_slots
+            )
         except Exception as err:
             # The last read stands: the attempt's start waits the outage out anyway.
             if not database_unavailable(err):

@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable
 class AtMostEvery:
     """Runs `read` when the last run is `interval_s` old. Attempts that ask while a run is on
     its way wait for that run instead of starting their own: a worker starting 100 attempts
-    at once reads once, not 100 times."""
+    at once reads once, not 100 times. A run whose `read` answers False found nothing worth
+    keeping (no worker registered yet): the next call reads again."""
 
-    def __init__(self, interval_s: float, read: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, interval_s: float, read: Callable[[], Awaitable[bool | None]]) -> None:
         self.interval_s = interval_s
         self._read = read
         self._done_at = -1e9
@@ -27,7 +28,9 @@ class AtMostEvery:
         await asyncio.shield(self._running)
 
     async def _run(self) -> None:
+        kept = True
         try:
-            await self._read()
+            kept = await self._read() is not False
         finally:
-            self._done_at = time.monotonic()
+            if kept:
+                self._done_at = time.monotonic()

@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import Prepared, WriteTx
+from projections.db import Prepared, WriteTx, transaction
 from projections.domain.lifecycle import UNSETTLED, JobState
 from projections.models import ApiKey, Base, Job, OrgLimit
 
@@ -279,7 +279,9 @@ class OrgShares:
         await self._set(org, tpm=tpm)
 
     async def _set(self, org: str, **values: int | None) -> None:
-        async with self.sessions.begin() as session:
+        # A write transaction (BEGIN IMMEDIATE on SQLite): a read that then writes must not
+        # find its snapshot overtaken by another writer (SQLite refuses that at once).
+        async with transaction(self.sessions) as session:
             row = (await session.execute(select(LIMITS).where(LIMITS.c.org == org))).first()
             kept: dict[str, int | None] = {
                 "max_running": None if row is None else row.max_running,

@@ -9,9 +9,11 @@ query goes into one of these, never into a free function that takes a session fa
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.admission import OrgShares
+from projections.admission import OrgShares, fleet_share
 from projections.batches import BatchStore
 from projections.budgets import Budgets
 from projections.chain_store import ChainStore
@@ -26,6 +28,18 @@ from projections.writes import JobWrites
 
 
 class JobStore(JobWrites, JobReads, DispatchScans):
+    async def default_org_limit(
+        self, configured: int, task_queue: str, since: datetime, *, own_slots: int = 0
+    ) -> int:
+        """The running limit of an org without one of its own: `configured` within its fair
+        part of the fleet of workers alive since `since` (admission.fleet_share), counting at
+        least `own_slots` (a worker asking knows it is alive, registered yet or not). 0 while
+        no worker is known and nothing is configured: no limit. Workers admit by it and the
+        dispatcher wakes waiting jobs by it, so the two agree on who has room."""
+        slots = max(await self.workers.live_slots(task_queue, since), own_slots)
+        orgs = await self.orgs.active() if slots else 0
+        return fleet_share(configured, slots, orgs)
+
     def __init__(self, sessions: async_sessionmaker[AsyncSession], projector: Projector) -> None:
         self.sessions = sessions
         self.projector = projector

@@ -81,6 +81,7 @@ def build_worker(
         priority_aging_s=settings.priority_aging_s,
         task_queue=settings.temporal_task_queue,
         worker_heartbeat_s=settings.worker_heartbeat_s,
+        own_slots=settings.worker_max_concurrent_activities,
     )
     return Worker(
         client,

@@ -169,6 +169,7 @@ def build_dispatcher(settings: Settings, client: Client, projection: Projection)
         reconcile_interval_s=settings.reconciler_interval_s,
         reconcile_grace_s=settings.reconciler_grace_s,
         org_max_running=settings.org_max_running,
+        worker_heartbeat_s=settings.worker_heartbeat_s,
     )
 
 

@@ -118,6 +118,7 @@ class Dispatcher:
         reconcile_grace_s: float = 60.0,
         page_size: int = 200,
         org_max_running: int = 0,
+        worker_heartbeat_s: float = 15.0,
     ) -> None:
         self.store = store
         self.client = client
@@ -132,7 +133,13 @@ class Dispatcher:
         self.failures = ThrottledLog(log)
         # Its other jobs, each in a module of its own; its loop runs them.
         self.reconciler = Reconciler(self, grace_s=reconcile_grace_s)
-        self.waker = Waker(store, client, org_max_running)
+        self.waker = Waker(
+            store,
+            client,
+            org_max_running,
+            task_queue=task_queue,
+            worker_heartbeat_s=worker_heartbeat_s,
+        )
 
     # -- the request path hands work over without waiting --------------------------------
 

@@ -5,7 +5,7 @@ waiting for room in a provider budget once it has some."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client
 
@@ -18,10 +18,20 @@ WAKE_CONCURRENCY = 50
 
 
 class Waker:
-    def __init__(self, store: JobStore, client: Client, org_max_running: int = 0) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        client: Client,
+        org_max_running: int = 0,
+        *,
+        task_queue: str | None = None,
+        worker_heartbeat_s: float = 15.0,
+    ) -> None:
         self.store = store
         self.client = client
         self.org_max_running = org_max_running
+        self.task_queue = task_queue
+        self.worker_heartbeat_s = worker_heartbeat_s
 
     async def wake_ready_children(self) -> int:
         """Signal the waiting chain children whose parents have all succeeded: the parent's
@@ -35,8 +45,16 @@ class Waker:
     async def wake_slot_waiters(self) -> int:
         """Signal the jobs waiting for a running slot of their org, as many per org as it has
         free (projections/admission.py). The slot is taken by the job's next attempt, in its
-        own transaction; a woken job that finds it gone meanwhile just waits again."""
-        return await self._wake_all(await self.store.orgs.slot_waiters(self.org_max_running))
+        own transaction; a woken job that finds it gone meanwhile just waits again. "Free" by
+        the limit the workers admit by: the configured one within the org's fair part of the
+        live fleet (waking by the configured limit alone would wake an org's waiters on every
+        pass, to be refused again, and their retries would crowd the other orgs' jobs out of
+        the workers' free slots)."""
+        limit = self.org_max_running
+        if self.task_queue is not None:
+            since = datetime.now(UTC) - timedelta(seconds=3 * self.worker_heartbeat_s)
+            limit = await self.store.default_org_limit(limit, self.task_queue, since)
+        return await self._wake_all(await self.store.orgs.slot_waiters(limit))
 
     async def wake_budget_waiters(self) -> int:
         """Signal the jobs waiting for room in a provider budget, as many of each budget's
