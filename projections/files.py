@@ -119,15 +119,28 @@ class FileStore:
             yield bytes(data)
             seq += 1
 
-    async def lines(self, scope: Scope, file_id: str) -> AsyncIterator[bytes]:
-        """The file's lines (without their line breaks), read a chunk at a time."""
+    async def lines(
+        self, scope: Scope, file_id: str, max_line_bytes: int
+    ) -> AsyncIterator[bytes | None]:
+        """The file's lines (without their line breaks), read a chunk at a time. A line
+        longer than `max_line_bytes` is not held: it comes as None."""
         rest = b""
+        overlong = False
         async for chunk in self.content(scope, file_id):
-            rest += chunk
-            *whole, rest = rest.split(b"\n")
-            for line in whole:
-                yield line.rstrip(b"\r")
-        if rest.strip():
+            *whole, tail = chunk.split(b"\n")
+            for part in whole:
+                if overlong or len(rest) + len(part) > max_line_bytes:
+                    yield None
+                else:
+                    yield (rest + part).rstrip(b"\r")
+                rest, overlong = b"", False
+            if overlong or len(rest) + len(tail) > max_line_bytes:
+                rest, overlong = b"", True
+            else:
+                rest += tail
+        if overlong:
+            yield None
+        elif rest.strip():
             yield rest.rstrip(b"\r")
 
     async def page(

@@ -153,11 +153,19 @@ class BatchRunner:
 
     # -- validating: read the file, then accept its lines ---------------------------------
 
-    def parse(self, raw: bytes, number: int, endpoint: str, seen: set[str]) -> Line:
+    @property
+    def max_line_bytes(self) -> int:
+        return self.max_prompt_bytes * 6 + LINE_OVERHEAD
+
+    def parse(self, raw: bytes | None, number: int, endpoint: str, seen: set[str]) -> Line:
         """Line `number` (from 0) of an input file as a Line, or a LineError as OpenAI says
-        it (`seen`: the custom_ids before it)."""
-        if len(raw) > self.max_prompt_bytes * 6 + LINE_OVERHEAD:
-            raise LineError("line_too_large", "This line is larger than the prompt limit allows.")
+        it (`seen`: the custom_ids before it; `raw` None: a line too long to read)."""
+        if raw is None:
+            raise LineError(
+                "line_too_large",
+                f"This line is over {self.max_line_bytes:,} bytes, more than the largest "
+                "prompt needs.",
+            )
         try:
             value = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -289,12 +297,13 @@ class BatchRunner:
                     )
         return count, errors
 
-    async def _lines(self, batch: Batch, scope: Scope) -> AsyncIterator[bytes]:
-        """The input file's non-empty lines. Parsing them is the API's own event loop's work:
-        it lets other requests in every YIELD_EVERY lines."""
+    async def _lines(self, batch: Batch, scope: Scope) -> AsyncIterator[bytes | None]:
+        """The input file's non-empty lines (None: one too long to hold). Parsing them is the
+        API's own event loop's work: it lets other requests in every YIELD_EVERY lines."""
         count = 0
-        async for raw in self.store.files.lines(scope, batch.input_file_id):
-            if raw.strip():
+        lines = self.store.files.lines(scope, batch.input_file_id, self.max_line_bytes)
+        async for raw in lines:
+            if raw is None or raw.strip():
                 yield raw
                 count += 1
                 if count % YIELD_EVERY == 0:

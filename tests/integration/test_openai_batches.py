@@ -229,3 +229,17 @@ async def test_files_and_batches_of_another_org_are_not_found(stack: Stack) -> N
     assert deleted.deleted is True
     with pytest.raises(openai.NotFoundError):
         await client.files.retrieve(file_id)
+
+
+async def test_a_line_too_long_to_hold_is_reported_not_read(stack: Stack) -> None:
+    """A hostile file of one 3 MB line is refused line by line: the reader never holds it."""
+    client = sdk(stack)
+    huge = '{"custom_id": "big", "body": "' + "x" * 3_000_000 + '"}'
+    file_id = await upload(client, jsonl([huge, chat_line("ok", "fine")]))
+    batch = await client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await finished(client, batch.id)
+    assert done.status == "failed"
+    assert done.errors is not None
+    assert [(e.line, e.code) for e in done.errors.data or []] == [(1, "line_too_large")]
