@@ -36,7 +36,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-Api = Literal["openai", "anthropic"]
+from promptjobs.mock_batches import Api, MockBatches, add_batch_routes
+
 # A step is an HTTP status to answer with, or one of these behaviours...
 Word = Literal["ok", "hang", "malformed", "reset"]
 # ...or, for a streamed answer, a failure after n chunks: `reset@3`, `500@3`, `truncate@0`.
@@ -285,8 +286,10 @@ class MockProvider:
         self.queue: deque[Plan] = deque()
         # Bounded, so a long-running mock does not grow without end.
         self.log: deque[dict[str, Any]] = deque(maxlen=10_000)
+        self.batches = MockBatches(self.answer_line)
 
     def reset(self) -> None:
+        self.batches.reset()
         self.minute = SlidingMinute(self.minute.limits, self.minute.clock)
         self.seen.clear()
         self.queue.clear()
@@ -295,6 +298,24 @@ class MockProvider:
     def enqueue(self, script: Script) -> int:
         self.queue.extend(Plan(step, script) for step in script.fail)
         return len(script.fail)
+
+    def answer_line(
+        self, api: Api, body: dict[str, Any], batch_id: str
+    ) -> tuple[int, dict[str, Any]]:
+        """A provider batch's line, answered as the same request directly would be: its
+        prompt's script decides (a mid-stream failure is a success: a batch does not stream)."""
+        try:
+            call = _read_call(api, body)
+            attempt, plan = self.plan(call)
+        except (ValueError, ValidationError) as err:
+            return 400, _error_body(api, 400, f"mock provider cannot read this request: {err}")
+        entry = _log_entry(api, call, attempt, plan.step)
+        entry["batch"] = batch_id
+        self.log.append(entry)
+        status = plan.step if isinstance(plan.step, int) else 200
+        if status == 200:
+            return 200, _reply(call, plan.script).body()
+        return status, _error_body(api, status, f"mock provider: scripted HTTP {status}")
 
     def plan(self, call: ChatCall) -> tuple[int, Plan]:
         attempt = self.seen.pop(call.key, 0) + 1
@@ -374,6 +395,8 @@ def _log_entry(
         "first_chunk_at": None,
         "disconnected_at": None,
         "rate_limited": rate_limited,
+        # The provider batch the request came in (promptjobs/mock_batches.py), if any.
+        "batch": None,
     }
 
 
@@ -424,6 +447,8 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
     @app.post("/v1/messages", tags=["anthropic"])
     async def anthropic_messages(request: Request) -> Response:
         return await chat("anthropic", request)
+
+    add_batch_routes(app, state.batches)
 
     @app.post("/mock/script", tags=["admin"], response_model=Queued)
     async def script_next(script: Script) -> Queued:
@@ -654,11 +679,11 @@ class Reply:
             "total_tokens": self.input_tokens + output_tokens,
         }
 
-    def whole(self) -> Response:
+    def body(self) -> dict[str, Any]:
+        """The whole answer's JSON body (a batch's result line carries it too)."""
         call = self.call
-        body: dict[str, Any]
         if self.api == "openai":
-            body = {
+            return {
                 "id": self.answer_id,
                 "object": "chat.completion",
                 "created": int(time.time()),
@@ -672,8 +697,7 @@ class Reply:
                 ],
                 "usage": self.usage(),
             }
-            return JSONResponse(body, headers={"x-request-id": self.request_id})
-        body = {
+        return {
             "id": self.answer_id,
             "type": "message",
             "role": "assistant",
@@ -683,7 +707,10 @@ class Reply:
             "stop_sequence": None,
             "usage": self.usage(),
         }
-        return JSONResponse(body, headers={"request-id": self.request_id})
+
+    def whole(self) -> Response:
+        name = "x-request-id" if self.api == "openai" else "request-id"
+        return JSONResponse(self.body(), headers={name: self.request_id})
 
     def stream(self) -> Wire:
         return OpenAIWire(self) if self.api == "openai" else AnthropicWire(self)

@@ -161,6 +161,7 @@ async def test_openai_result_records_what_the_provider_answered(
         "chunks": 3,
         "disconnected_at": None,
         "rate_limited": False,
+        "batch": None,
     }
 
 
