@@ -12,6 +12,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+# What a call in a provider batch costs of the direct price: OpenAI's Batch API and
+# Anthropic's Message Batches both charge half. A model's `batch` in the file says otherwise.
+BATCH_FACTOR = 0.5
+
 # Priced without a file: the fake provider's models cost nothing, since nothing is called.
 BUILT_IN = {"fake*": (0.0, 0.0)}
 
@@ -25,6 +29,13 @@ class _Price(BaseModel):
 
     input: float = Field(ge=0, allow_inf_nan=False, description="USD per million input tokens")
     output: float = Field(ge=0, allow_inf_nan=False, description="USD per million output tokens")
+    batch: float = Field(
+        default=BATCH_FACTOR,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="The share of the price a call in a provider batch costs",
+    )
 
 
 class _PriceFile(BaseModel):
@@ -37,6 +48,7 @@ class _PriceFile(BaseModel):
 class Price:
     input_per_mtok: float
     output_per_mtok: float
+    batch_factor: float = BATCH_FACTOR
 
 
 class PriceTable:
@@ -63,12 +75,22 @@ class PriceTable:
             return found
         return next((p for name, p in self._patterns if fnmatch.fnmatchcase(model, name)), None)
 
-    def cost(self, model: str, input_tokens: int | None, output_tokens: int | None) -> float | None:
-        """US dollars, or None when the model has no price or a token count is unknown."""
+    def cost(
+        self,
+        model: str,
+        input_tokens: int | None,
+        output_tokens: int | None,
+        *,
+        batch: bool = False,
+    ) -> float | None:
+        """US dollars, or None when the model has no price or a token count is unknown;
+        `batch`: the call ran in a provider batch, at the model's batch rate."""
         price = self.price_of(model)
         if price is None or input_tokens is None or output_tokens is None:
             return None
         cost = (input_tokens * price.input_per_mtok + output_tokens * price.output_per_mtok) / 1e6
+        if batch:
+            cost *= price.batch_factor
         return round(cost, 9) if math.isfinite(cost) else None
 
 
@@ -86,9 +108,12 @@ def read_price_file(path: Path) -> dict[str, Price]:
         where = ".".join(str(p) for p in first["loc"])
         raise InvalidPrices(
             f'the price file {path}: {where}: {first["msg"]} (expected [models."NAME"] '
-            "tables with `input` and `output` in USD per million tokens)"
+            "tables with `input` and `output` in USD per million tokens, and optionally "
+            "`batch`, the share a provider batch costs, 0.5 by default)"
         ) from err
-    return {name: Price(price.input, price.output) for name, price in parsed.models.items()}
+    return {
+        name: Price(price.input, price.output, price.batch) for name, price in parsed.models.items()
+    }
 
 
 def _is_pattern(name: str) -> bool:

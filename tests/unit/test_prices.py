@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.prices import Price, PriceTable
+from activities.prices import InvalidPrices, Price, PriceTable
 
 
 def test_an_exact_name_wins_then_the_longest_pattern() -> None:
@@ -37,3 +37,19 @@ def test_the_fake_provider_is_free_and_a_file_adds_to_it(tmp_path: Path) -> None
     table = PriceTable.load(prices)
     assert table.cost("claude-haiku-4-5", 1_000_000, 0) == 1.0
     assert table.cost("fake-1", 10, 10) == 0.0
+
+
+def test_a_call_in_a_provider_batch_costs_its_models_batch_rate(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text(
+        '[models."gpt-*"]\ninput = 2\noutput = 8\n'
+        '[models."claude-*"]\ninput = 1\noutput = 5\nbatch = 0.4\n'
+    )
+    table = PriceTable.load(prices)
+    # Half price unless the file says otherwise.
+    assert table.cost("gpt-5", 1_000_000, 0, batch=True) == pytest.approx(1.0)
+    assert table.cost("gpt-5", 1_000_000, 0) == pytest.approx(2.0)
+    assert table.cost("claude-haiku-4-5", 0, 1_000_000, batch=True) == pytest.approx(2.0)
+    prices.write_text('[models."m"]\ninput = 1\noutput = 1\nbatch = 2\n')
+    with pytest.raises(InvalidPrices, match="batch"):
+        PriceTable.load(prices)
