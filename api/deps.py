@@ -122,12 +122,9 @@ async def get_stream_caller(
 ) -> Streamer:
     """For GET /v1/events only: a key in the URL can end up in logs and history, so no other
     route accepts one."""
-    token = credentials.credentials if credentials else access_token
-    scope = await _authenticate(services, token, request)
-    assert token is not None
-    key_id = key_id_of(token)
-    assert key_id is not None  # authenticated, so well formed
-    return Streamer(scope, key_id)
+    return await _streamer(
+        services, credentials.credentials if credentials else access_token, request
+    )
 
 
 async def get_keyed_caller(
@@ -137,7 +134,10 @@ async def get_keyed_caller(
 ) -> Streamer:
     """A caller with its key's id, for routes that may answer with a stream (the key in the
     Authorization header only)."""
-    token = credentials.credentials if credentials else None
+    return await _streamer(services, credentials.credentials if credentials else None, request)
+
+
+async def _streamer(services: Services, token: str | None, request: Request) -> Streamer:
     scope = await _authenticate(services, token, request)
     assert token is not None
     key_id = key_id_of(token)

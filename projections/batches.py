@@ -17,7 +17,7 @@ from projections.errors import NotFound
 from projections.event_log import utcnow
 from projections.ids import new_prompt_id
 from projections.models import Base, Batch, BatchLine, Job, Prompt, Response
-from projections.scope import Scope, get_visible, scoped
+from projections.scope import Scope, get_visible, newest_first, scoped
 from projections.writes import PROMPTS, JobWrites, Submission
 
 BATCHES = Base.metadata.tables[Batch.__tablename__]
@@ -88,14 +88,9 @@ class BatchStore:
 
     async def page(self, scope: Scope, *, limit: int, after: str | None) -> list[Batch]:
         """The caller's batches, newest first; `after`: those older than that batch."""
+        anchor = await self.get(scope, after) if after is not None else None
         stmt = scoped(select(Batch), Batch, scope)
-        if after is not None:
-            anchor = await self.get(scope, after)
-            stmt = stmt.where(
-                (Batch.created_at < anchor.created_at)
-                | ((Batch.created_at == anchor.created_at) & (Batch.batch_id < after))
-            )
-        stmt = stmt.order_by(Batch.created_at.desc(), Batch.batch_id.desc()).limit(limit)
+        stmt = newest_first(stmt, Batch.created_at, Batch.batch_id, anchor).limit(limit)
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 

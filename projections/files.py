@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections.db import GroupCommit, WriteTx
 from projections.event_log import utcnow
 from projections.models import Base, FileChunk, StoredFile
-from projections.scope import Scope, get_visible, scoped
+from projections.scope import Scope, get_visible, newest_first, scoped
 
 CHUNK_BYTES = 1 << 20
 # Chunks one write transaction inserts: a large file is written in several, so no one
@@ -150,13 +150,8 @@ class FileStore:
         stmt = scoped(select(StoredFile), StoredFile, scope)
         if purpose is not None:
             stmt = stmt.where(StoredFile.purpose == purpose)
-        if after is not None:
-            anchor = await self.get(scope, after)
-            stmt = stmt.where(
-                (StoredFile.created_at < anchor.created_at)
-                | ((StoredFile.created_at == anchor.created_at) & (StoredFile.file_id < after))
-            )
-        stmt = stmt.order_by(StoredFile.created_at.desc(), StoredFile.file_id.desc()).limit(limit)
+        anchor = await self.get(scope, after) if after is not None else None
+        stmt = newest_first(stmt, StoredFile.created_at, StoredFile.file_id, anchor).limit(limit)
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 

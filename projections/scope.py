@@ -72,3 +72,14 @@ async def get_visible(
     if row is None or not visible(row, scope):
         raise NotFound(what, ident)
     return row
+
+
+def newest_first(stmt: Select[Any], created: Any, ident: Any, anchor: Any | None) -> Select[Any]:
+    """`stmt` in newest-first order, from after `anchor` (the last row of the page before:
+    rows older than it, ties broken by id) when given."""
+    if anchor is not None:
+        anchor_id = getattr(anchor, ident.key)
+        stmt = stmt.where(
+            (created < anchor.created_at) | ((created == anchor.created_at) & (ident < anchor_id))
+        )
+    return stmt.order_by(created.desc(), ident.desc())
