@@ -334,14 +334,14 @@ class BatchRunner:
         scope = owner(batch)
         tally = {"completed": 0, "failed": 0}
         files = {}
-        for name, purpose_suffix in (("output", True), ("error", False)):
+        for name, succeeded in (("output", True), ("error", False)):
             file_id = new_file_id()
             written = await self.store.files.write(
                 scope,
                 file_id,
                 "batch_output",
                 f"{batch.batch_id}_{name}.jsonl",
-                self._output(batch, succeeded=purpose_suffix, tally=tally),
+                self._output(batch, succeeded=succeeded, tally=tally),
             )
             if written.bytes:
                 files[f"{name}_file_id"] = file_id
