@@ -141,8 +141,9 @@ async def test_the_excess_waits_queued_and_runs_as_slots_free_up(
             for row in json.loads(await cli_output(stack, "orgs", "list", "--json"))
             if row["org"] == "acme"
         ]
-        # Between one job's settling and the next one's admission it may show 1.
-        assert acme["limit"] == 2 and acme["limit_from"] == "org" and acme["running"] in (1, 2)
+        # Between the running jobs' settling and the next ones' admission it may show fewer
+        # (the two started together, so they end together: even none for a moment).
+        assert acme["limit"] == 2 and acme["limit_from"] == "org" and acme["running"] <= 2
 
         done = [await stack.settled(job_id, timeout=60) for job_id in jobs]
         assert [row["state"] for row in done] == ["succeeded"] * 8
