@@ -10,10 +10,9 @@ from collections.abc import Awaitable, Callable
 class AtMostEvery:
     """Runs `read` when the last run is `interval_s` old. Attempts that ask while a run is on
     its way wait for that run instead of starting their own: a worker starting 100 attempts
-    at once reads once, not 100 times. A run whose `read` answers False found nothing worth
-    keeping (no worker registered yet): the next call reads again."""
+    at once reads once, not 100 times."""
 
-    def __init__(self, interval_s: float, read: Callable[[], Awaitable[bool | None]]) -> None:
+    def __init__(self, interval_s: float, read: Callable[[], Awaitable[None]]) -> None:
         self.interval_s = interval_s
         self._read = read
         self._done_at = -1e9
@@ -28,9 +27,7 @@ class AtMostEvery:
         await asyncio.shield(self._running)
 
     async def _run(self) -> None:
-        kept = True
         try:
-            kept = await self._read() is not False
+            await self._read()
         finally:
-            if kept:
-                self._done_at = time.monotonic()
+            self._done_at = time.monotonic()

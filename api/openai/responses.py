@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from activities.adapters.base import AdapterRegistry, parse_options
 from activities.adapters.options import NO_NUL, PromptOptions
+from api.schemas import oversize
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Prompt
 from projections.writes import Submission
@@ -53,8 +54,8 @@ class UnsupportedParameter(Exception):
 def check_size(prompt: str, system: str | None, limit: int) -> None:
     """The prompt and its system text go to the provider together: their UTF-8 bytes
     against PROMPTJOBS_MAX_PROMPT_BYTES."""
-    size = len(prompt.encode()) + len((system or "").encode())
-    if size > limit:
+    size = oversize(prompt, system, limit)
+    if size is not None:
         raise UnsupportedParameter(
             "input",
             f"the input and instructions are {size} bytes of UTF-8; the limit is {limit}: "
@@ -243,6 +244,7 @@ class JobLike(Protocol):
     error_message: str | None
     input_tokens: int
     output_tokens: int
+    response_id: str | None
 
 
 def message_id(job_id: str, attempt: int) -> str:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from api.deps import Caller, JsonBody, Services, ServicesDep
 from api.problems import Problem, problem_responses
-from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
+from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt, oversize
 from projections.domain.chains import UnknownPlaceholder, check_placeholders
 from projections.models import Prompt
 from projections.writes import Submission
@@ -89,9 +89,8 @@ async def submit_prompt(
 def check_prompt_size(services: Services, prompt: str, system: str | None, named: str) -> None:
     """The system text (`named` as the client calls it) goes to the provider with the prompt,
     so it counts against the limit."""
-    system = system or ""
-    size = len(prompt.encode()) + len(system.encode())
-    if size > services.max_prompt_bytes:
+    size = oversize(prompt, system, services.max_prompt_bytes)
+    if size is not None:
         counted = f"the prompt and {named} are" if system else "the prompt is"
         raise Problem(
             413,

@@ -16,7 +16,13 @@ from starlette.background import BackgroundTask
 
 from api.changes import StreamScope
 from api.deps import Caller, JsonBody, KeyedCaller, Services, ServicesDep, Streamer
-from api.openai.responses import CreateResponse, prompt_id_of, response_object, submission_of
+from api.openai.responses import (
+    CreateResponse,
+    JobLike,
+    prompt_id_of,
+    response_object,
+    submission_of,
+)
 from api.openai.stream import ResponseEvents
 from api.problems import problem_responses
 from api.routes.events import BATCH, LIFETIME_JITTER, OVER_CHECK_S, SEND_TIMEOUT_S, subscribe
@@ -121,7 +127,13 @@ async def cancel_response(response_id: str, caller: Caller, services: ServicesDe
 async def _object(services: Services, caller: Scope, prompt_id: str) -> dict[str, Any]:
     """The response object of the prompt as it is now."""
     prompt, jobs = await services.store.prompt(caller, prompt_id)
-    job = jobs[-1]
+    return await _object_of(services, caller, prompt, jobs[-1])
+
+
+async def _object_of(
+    services: Services, caller: Scope, prompt: Prompt, job: JobLike
+) -> dict[str, Any]:
+    """The response object of `prompt` whose current job is `job` (with its answer, if any)."""
     if job.response_id is None:
         return response_object(prompt, job)
     answer = await services.store.response(caller, job.response_id)
@@ -144,12 +156,13 @@ async def _settled(
     deadline = None if timeout_s is None else loop.time() + timeout_s
     pause = POLL_FIRST_S
     while True:
-        _, jobs = await services.store.prompt(caller, prompt_id)
-        over = jobs[-1].state.is_terminal
-        if over or (deadline is not None and loop.time() >= deadline):
-            return await _object(services, caller, prompt_id)
-        if request is not None and await request.is_disconnected():
-            return await _object(services, caller, prompt_id)
+        prompt, jobs = await services.store.prompt(caller, prompt_id)
+        if (
+            jobs[-1].state.is_terminal
+            or (deadline is not None and loop.time() >= deadline)
+            or (request is not None and await request.is_disconnected())
+        ):
+            return await _object_of(services, caller, prompt, jobs[-1])
         await asyncio.sleep(pause)
         pause = min(pause * 2, POLL_MAX_S)
 
@@ -165,12 +178,9 @@ async def _stream(
     lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 
     async def snapshot(row: JobRow, final: bool) -> dict[str, Any]:
-        if not final or row.response_id is None:
+        if not final:
             return response_object(prompt, row)
-        answer = await store.response(scope, row.response_id)
-        return response_object(
-            prompt, row, text=answer.text, finish_reason=answer.finish_reason, model=answer.model
-        )
+        return await _object_of(services, scope, prompt, row)
 
     def frames(events: list[dict[str, Any]]) -> bytes:
         return b"".join(

@@ -60,19 +60,3 @@ async def test_one_caller_cancelled_does_not_cancel_the_read_for_the_others() ->
     release.set()
     await second
     assert done
-
-
-async def test_a_read_that_found_nothing_to_keep_is_read_again() -> None:
-    answers = [False, True]
-    reads = 0
-
-    async def read() -> bool:
-        nonlocal reads
-        reads += 1
-        return answers[reads - 1]
-
-    every = AtMostEvery(60.0, read)
-    await every()
-    await every()
-    await every()  # fresh now
-    assert reads == 2
