@@ -83,6 +83,11 @@ class MockBatches:
         self.batches[batch.batch_id] = batch
         return batch
 
+    def find(self, api: Api, batch_id: str) -> MockBatch | None:
+        """The batch of this API's, if there is one by that id."""
+        batch = self.batches.get(batch_id)
+        return batch if batch is not None and batch.api == api else None
+
     def advance(self, batch: MockBatch) -> MockBatch:
         """Run the batch if its time has come (and it was not cancelled)."""
         now = time.time()
@@ -271,15 +276,15 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
 
     @app.get("/v1/batches/{batch_id}", tags=["openai batches"], response_model=None)
     async def read_openai(batch_id: str) -> dict[str, Any] | Response:
-        batch = batches.batches.get(batch_id)
-        if batch is None or batch.api != "openai":
+        batch = batches.find("openai", batch_id)
+        if batch is None:
             return not_found("openai", "batch")
         return openai_batch(batches.advance(batch))
 
     @app.post("/v1/batches/{batch_id}/cancel", tags=["openai batches"], response_model=None)
     async def cancel_openai(batch_id: str) -> dict[str, Any] | Response:
-        batch = batches.batches.get(batch_id)
-        if batch is None or batch.api != "openai":
+        batch = batches.find("openai", batch_id)
+        if batch is None:
             return not_found("openai", "batch")
         return openai_batch(batches.cancel(batch))
 
@@ -294,8 +299,8 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
 
     @app.get("/v1/messages/batches/{batch_id}", tags=["anthropic batches"], response_model=None)
     async def read_anthropic(batch_id: str, request: Request) -> dict[str, Any] | Response:
-        batch = batches.batches.get(batch_id)
-        if batch is None or batch.api != "anthropic":
+        batch = batches.find("anthropic", batch_id)
+        if batch is None:
             return not_found("anthropic", "message batch")
         return anthropic_batch(batches.advance(batch), _base(request))
 
@@ -303,15 +308,15 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
         "/v1/messages/batches/{batch_id}/cancel", tags=["anthropic batches"], response_model=None
     )
     async def cancel_anthropic(batch_id: str, request: Request) -> dict[str, Any] | Response:
-        batch = batches.batches.get(batch_id)
-        if batch is None or batch.api != "anthropic":
+        batch = batches.find("anthropic", batch_id)
+        if batch is None:
             return not_found("anthropic", "message batch")
         return anthropic_batch(batches.cancel(batch), _base(request))
 
     @app.get("/v1/messages/batches/{batch_id}/results", tags=["anthropic batches"])
     async def anthropic_results_of(batch_id: str) -> Response:
-        batch = batches.batches.get(batch_id)
-        if batch is None or batch.api != "anthropic" or batch.ended_at is None:
+        batch = batches.find("anthropic", batch_id)
+        if batch is None or batch.ended_at is None:
             return not_found("anthropic", "results")
         return Response(anthropic_results(batch), media_type="application/x-jsonl")
 
