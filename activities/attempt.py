@@ -93,6 +93,24 @@ class AttemptTools:
         return await through_outages("load job", lambda: self.store.job_and_prompt(job_id))
 
 
+async def adapter_request(
+    store: JobStore, job: Job, prompt: Prompt, attempt: int
+) -> AdapterRequest:
+    """What attempt `attempt` of `job` asks its adapter (a call, or a provider batch's line)."""
+    text = prompt.text
+    if prompt.after:
+        # A chain's child runs with its parents' answers in place of the placeholders.
+        answers = await store.chains.parent_answers(prompt.after)
+        text = substitute(text, prompt.after, answers)
+    return AdapterRequest(
+        job_id=job.job_id,
+        prompt_id=prompt.prompt_id,
+        prompt=text,
+        attempt=attempt,
+        options=job_options(job, prompt),
+    )
+
+
 @dataclass(frozen=True)
 class Succeeded:
     """A successful call: what it produced, the streamed text not written yet, and the
@@ -147,6 +165,8 @@ class AttemptMeter:
         self.output = output
         self.began = time.monotonic()
         self.began_at = datetime.now(UTC)
+        # Why a deferrable job's call was made directly (AdapterCall.via), for its record.
+        self.via: str | None = None
 
     def usage(self, outcome: str, result: AttemptResult | None = None) -> AttemptUsage:
         output = self.output
@@ -179,6 +199,7 @@ class AttemptMeter:
             duration_ms=round((time.monotonic() - self.began) * 1000),
             started_at=self.began_at,
             ended_at=datetime.now(UTC),
+            via=self.via,
         )
 
 
@@ -228,6 +249,7 @@ class Attempt:
         meter = AttemptMeter(
             self.tools.adapters, self.tools.prices, self.job.org, request, stream.output
         )
+        meter.via = self.call.via or None
         self._calling = asyncio.create_task(self._complete(request, stream.output))
         try:
             try:
@@ -286,18 +308,7 @@ class Attempt:
             )  # fmt: skip
 
     async def _request(self) -> AdapterRequest:
-        text = self.prompt.text
-        if self.prompt.after:
-            # A chain's child runs with its parents' answers in place of the placeholders.
-            answers = await self.tools.store.chains.parent_answers(self.prompt.after)
-            text = substitute(text, self.prompt.after, answers)
-        return AdapterRequest(
-            job_id=self.job.job_id,
-            prompt_id=self.prompt.prompt_id,
-            prompt=text,
-            attempt=self.number,
-            options=job_options(self.job, self.prompt),
-        )
+        return await adapter_request(self.tools.store, self.job, self.prompt, self.number)
 
     def _stop(self, why: str) -> None:
         """The job's row no longer wants the call (the stream's watch says so)."""

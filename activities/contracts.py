@@ -32,6 +32,8 @@ class AdapterCall:
     # 429 pauses the budget instead of spending the attempt: either way the activity fails
     # PROVIDER_BUSY and the workflow waits. Set by workflows since the patch `provider-budgets`.
     budget: bool = False
+    # A deferrable job that runs directly: why (its attempt records say it).
+    via: str = ""
 
 
 @dataclass
@@ -141,3 +143,69 @@ class ArchiveReport:
     prompts: int = 0
     responses: int = 0
     before: str = ""
+
+
+# -- deferrable jobs and provider batches (issue 33) -----------------------------------------
+
+
+@dataclass
+class DeferJob:
+    job_id: str
+
+
+@dataclass
+class Deferral:
+    """Whether the job waits for a provider batch; if not, why it runs directly (its
+    attempt record says so)."""
+
+    deferred: bool
+    reason: str = ""
+
+
+# The signal a deferred job's workflow gets once its provider batch is done with it.
+BATCH_DONE = "batch_done"
+
+
+@dataclass
+class BatchVerdict:
+    """What a provider batch did with a job. `settled`: the row is settled (succeeded or
+    failed) and the workflow ends as it says. Otherwise the job runs directly, after
+    `delay_s`: `attempt` attempts are made, `spared` of them not charged (a 429 line, a line
+    the provider never ran), and `via` says why on its attempt record."""
+
+    settled: bool
+    state: JobState
+    attempt: int
+    spared: int = 0
+    delay_s: float = 0.0
+    via: str = ""
+    response_id: str | None = None
+    error_kind: ErrorKind | None = None
+    error_message: str | None = None
+
+
+@dataclass
+class ProviderBatchRef:
+    batch_id: str
+
+
+@dataclass
+class BatchSent:
+    """A provider batch was sent (`provider_batch_id`), or is not: none of its jobs is
+    queued any more (`empty`), or they run directly (`direct`: why)."""
+
+    provider_batch_id: str | None = None
+    empty: bool = False
+    direct: str = ""
+
+
+@dataclass
+class BatchPoll:
+    status: str
+    ended: bool
+
+
+@dataclass
+class BatchSettled:
+    settled: int = 0
+    direct: int = 0

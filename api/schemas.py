@@ -213,6 +213,11 @@ class AttemptOut(BaseModel):
     duration_ms: int
     started_at: Timestamp
     ended_at: Timestamp
+    via: str | None = Field(
+        default=None,
+        description="How the call was made where it was not one direct call: the provider "
+        "batch it ran in, or why a deferrable job ran directly",
+    )
 
 
 class AttemptList(BaseModel):

@@ -301,6 +301,9 @@ class Attempt(Base):
     duration_ms: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     ended_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # How the call was made, where it was not one direct call: "provider batch …", or why
+    # a deferrable job ran directly (issue 33).
+    via: Mapped[str | None] = mapped_column(String(255))
 
 
 class WorkerProcess(Base):
@@ -466,3 +469,51 @@ class BatchLine(Base):
     line: Mapped[int] = mapped_column(Integer, primary_key=True)
     custom_id: Mapped[str] = mapped_column(String(512))
     prompt_id: Mapped[str] = mapped_column(String(40))
+
+
+class ProviderBatch(Base):
+    """One provider batch (OpenAI's Batch API, Anthropic's Message Batches) that deferrable
+    jobs of one provider and model were gathered into; its life is a ProviderBatchWorkflow
+    whose id is `batch_id` (projections/provider_batches.py)."""
+
+    __tablename__ = "provider_batches"
+    __table_args__ = (
+        Index("ix_provider_batches_state", "state", "created_at"),
+        Index("ix_provider_batches_provider", "provider", "created_at"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    # gathered → sent → ended; or unsupported (the provider has no batch API).
+    state: Mapped[str] = mapped_column(String(16))
+    jobs: Mapped[int] = mapped_column(Integer)
+    # Set once its workflow has been started (a sweep starts those left unset).
+    workflow_started: Mapped[bool] = mapped_column(Boolean, default=False)
+    provider_batch_id: Mapped[str | None] = mapped_column(String(255))
+    provider_status: Mapped[str | None] = mapped_column(String(32))
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class DeferredJob(Base):
+    """A deferrable job waiting for, or gathered into, a provider batch."""
+
+    __tablename__ = "deferred_jobs"
+    __table_args__ = (
+        Index("ix_deferred_jobs_gather", "batch_id", "provider", "model", "deferred_at"),
+    )
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    provider: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(128))
+    deferred_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # None while it waits to be gathered.
+    batch_id: Mapped[str | None] = mapped_column(String(40))
+    # The attempt its batch started, once the provider runs it; what the batch told the
+    # job's workflow once its line was settled (a repeated settling tells it again).
+    attempt: Mapped[int | None] = mapped_column(Integer)
+    verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))

@@ -17,6 +17,7 @@ from projections.db import transaction
 from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
 from projections.models import (
     Attempt,
+    DeferredJob,
     Job,
     JobEvent,
     JobOutput,
@@ -333,6 +334,7 @@ class Operations:
                 await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
                 await session.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
                 await session.execute(delete(Attempt).where(Attempt.job_id.in_(old_jobs)))
+                await session.execute(delete(DeferredJob).where(DeferredJob.job_id.in_(old_jobs)))
                 await session.execute(delete(Job).where(chosen))
                 orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
                 orphans = select(Prompt.prompt_id).where(orphan)

@@ -2,7 +2,8 @@
 of its writes (projections/writes.py), reads (reads.py) and the dispatcher's scans (scans.py),
 over one session factory and the projector that owns transitions. What is not one job's
 row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share),
-`budgets` (provider budgets), `files` and `batches` (OpenAI's Files and Batch APIs)
+`budgets` (provider budgets), `files` and `batches` (OpenAI's Files and Batch APIs),
+`provider_batches` (deferrable jobs gathered into providers' batches)
 and `operations` (the operator's views and archive). A new
 query goes into one of these, never into a free function that takes a session factory
 (docs/decisions.md)."""
@@ -21,6 +22,7 @@ from projections.files import FileStore
 from projections.keys import KeyStore
 from projections.operations import Operations
 from projections.projector import Projector
+from projections.provider_batches import ProviderBatches
 from projections.reads import JobReads
 from projections.scans import DispatchScans
 from projections.workers import WorkerRegistry
@@ -51,3 +53,4 @@ class JobStore(JobWrites, JobReads, DispatchScans):
         self.operations = Operations(sessions)
         self.files = FileStore(sessions, projector.writes)
         self.batches = BatchStore(sessions, projector.writes)
+        self.provider_batches = ProviderBatches(sessions, projector.writes)

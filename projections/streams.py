@@ -64,6 +64,8 @@ class AttemptUsage:
     duration_ms: int
     started_at: datetime
     ended_at: datetime
+    # How the call was made where it was not one direct call (models.Attempt.via).
+    via: str | None = None
 
 
 def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> list[OutputWritten]:

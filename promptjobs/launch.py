@@ -30,6 +30,7 @@ from promptjobs.runtime import (
     build_adapters,
     build_app,
     build_dispatcher,
+    build_gatherer,
     build_worker,
     connect_temporal,
     open_projection,
@@ -313,6 +314,8 @@ async def serve(
         tasks.append(asyncio.create_task(runner.run(stop=stop), name="batches"))
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(), name="worker"))
+        gatherer = build_gatherer(settings, client, projection)
+        tasks.append(asyncio.create_task(gatherer.run(stop=stop), name="provider batches"))
         tasks.append(
             asyncio.create_task(
                 keep_registered(settings, projection.store.workers, stop), name="worker registry"

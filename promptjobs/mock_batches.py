@@ -35,6 +35,10 @@ class BatchBehaviour(BaseModel):
     expire_after: int | None = Field(
         default=None, ge=0, description="Lines a batch runs before it expires (null: all)"
     )
+    supported: bool = Field(
+        default=True,
+        description="false: the batch APIs answer 404, as a compatible server without them",
+    )
 
 
 @dataclass
@@ -260,6 +264,8 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
 
     @app.post("/v1/batches", tags=["openai batches"], response_model=None)
     async def create_openai(request: Request) -> dict[str, Any] | Response:
+        if not batches.behaviour.supported:
+            return not_found("openai", "route")
         body = await request.json()
         stored = batches.files.get(str(body.get("input_file_id")))
         if stored is None:
@@ -273,6 +279,22 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
             metadata=body.get("metadata"),
         )
         return openai_batch(batch)
+
+    @app.get("/v1/batches", tags=["openai batches"], response_model=None)
+    async def list_openai(limit: int = 20) -> dict[str, Any] | Response:
+        """The newest batches first (one page: enough for finding a batch by metadata)."""
+        if not batches.behaviour.supported:
+            return not_found("openai", "route")
+        mine = [batch for batch in batches.batches.values() if batch.api == "openai"]
+        mine.sort(key=lambda batch: batch.created_at, reverse=True)
+        data = [openai_batch(batches.advance(batch)) for batch in mine[: max(1, limit)]]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(mine) > limit,
+        }
 
     @app.get("/v1/batches/{batch_id}", tags=["openai batches"], response_model=None)
     async def read_openai(batch_id: str) -> dict[str, Any] | Response:

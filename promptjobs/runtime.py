@@ -22,6 +22,7 @@ from activities.adapters.base import AdapterRegistry
 from activities.job_activities import JobActivities
 from activities.output import OutputStreams
 from activities.prices import PriceTable
+from activities.provider_batches import BatchActivities
 from activities.retention import RetentionActivities
 from api.app import create_app
 from api.deps import Services
@@ -38,8 +39,10 @@ from promptjobs.wiring import (
     open_projection,
     temporal_tls,
 )
+from services.batching import BatchGatherer
 from services.dispatch import Dispatcher
 from workflows.prompt_job import PromptJobWorkflow
+from workflows.provider_batch import ProviderBatchWorkflow
 from workflows.retention import RetentionWorkflow
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "build_adapters",
     "build_app",
     "build_dispatcher",
+    "build_gatherer",
     "build_job_service",
     "build_worker",
     "connect_temporal",
@@ -83,15 +87,20 @@ def build_worker(
         worker_heartbeat_s=settings.worker_heartbeat_s,
         own_slots=settings.worker_max_concurrent_activities,
     )
+    batches = BatchActivities(projection.store, adapters, settings.backoff, activities.tools.prices)
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,
-        workflows=[PromptJobWorkflow, RetentionWorkflow],
+        workflows=[PromptJobWorkflow, ProviderBatchWorkflow, RetentionWorkflow],
         activities=[
             activities.call_adapter,
             activities.finalize_success,
             activities.settle_job,
             activities.check_parents,
+            batches.defer_job,
+            batches.submit_provider_batch,
+            batches.poll_provider_batch,
+            batches.settle_provider_batch,
             RetentionActivities(projection.store.operations).archive_expired,
         ],
         max_concurrent_activities=settings.worker_max_concurrent_activities,
@@ -126,6 +135,18 @@ def build_app(
             ),
             metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )
+    )
+
+
+def build_gatherer(settings: Settings, client: Client, projection: Projection) -> BatchGatherer:
+    """Deferrable jobs into provider batches (services/batching.py); beside each worker."""
+    return BatchGatherer(
+        projection.store,
+        client,
+        task_queue=settings.temporal_task_queue,
+        max_jobs=settings.batch_max_jobs,
+        max_wait_s=settings.batch_max_wait_s,
+        poll_s=settings.batch_poll_s,
     )
 
 

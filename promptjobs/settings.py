@@ -72,6 +72,16 @@ class Settings(BaseSettings):
     """Attempts a job gets when its submission does not say."""
     job_ceiling_s: float = Field(default=900.0, gt=0)
     """Hard ceiling of one job, all attempts and waits included; past it the job is `stuck`."""
+    deferrable_ceiling_s: float = Field(default=90_000.0, gt=0)
+    """Hard ceiling of a deferrable job (`options.deferrable`): its provider batch may take
+    the provider's 24 hours, then it may still run directly."""
+    batch_max_jobs: int = Field(default=1000, ge=1, le=50_000)
+    """Deferrable jobs of one provider and model sent as one provider batch at most; a full
+    batch is sent at once."""
+    batch_max_wait_s: float = Field(default=300.0, ge=0)
+    """How long the oldest deferrable job waits for others to join its provider batch."""
+    batch_poll_s: float = Field(default=60.0, gt=0)
+    """How often a provider batch's status is asked for while the provider runs it."""
     attempt_timeout_s: float = Field(default=300.0, gt=0)
     """Limit of one adapter call (one attempt); past it the attempt fails with `timeout`."""
     heartbeat_timeout_s: float = Field(default=10.0, gt=0)

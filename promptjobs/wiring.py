@@ -163,6 +163,7 @@ def build_dispatcher(settings: Settings, client: Client, projection: Projection)
         client,
         task_queue=settings.temporal_task_queue,
         ceiling_s=settings.job_ceiling_s,
+        deferrable_ceiling_s=settings.deferrable_ceiling_s,
         attempt_timeout_s=settings.attempt_timeout_s,
         heartbeat_timeout_s=settings.heartbeat_timeout_s,
         interval_s=settings.dispatcher_interval_s,

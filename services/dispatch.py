@@ -64,6 +64,11 @@ def fairness_key(org: str) -> str:
     return head + digest
 
 
+def deferrable(job: Job) -> bool:
+    """`options.deferrable`: the job may wait for a provider batch (issue 33)."""
+    return bool((job.options or {}).get("deferrable"))
+
+
 class TemporalUnreachable(Exception):
     """Temporal did not take a start or cancel just now; the row keeps it, so the API's
     dispatcher delivers it once Temporal is back."""
@@ -112,6 +117,7 @@ class Dispatcher:
         task_queue: str,
         ceiling_s: float,
         attempt_timeout_s: float,
+        deferrable_ceiling_s: float | None = None,
         heartbeat_timeout_s: float,
         interval_s: float = 2.0,
         reconcile_interval_s: float = 30.0,
@@ -124,6 +130,7 @@ class Dispatcher:
         self.client = client
         self.task_queue = task_queue
         self.ceiling_s = ceiling_s
+        self.deferrable_ceiling_s = deferrable_ceiling_s or ceiling_s
         self.attempt_timeout_s = attempt_timeout_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.interval_s = interval_s
@@ -191,6 +198,11 @@ class Dispatcher:
 
     # -- the Temporal side -------------------------------------------------------------
 
+    def ceiling_of(self, job: Job) -> float:
+        """The job's hard ceiling: a deferrable job's is longer (its provider batch may take
+        the provider's 24 hours)."""
+        return self.deferrable_ceiling_s if deferrable(job) else self.ceiling_s
+
     def workflow_input(self, job: Job) -> PromptJobInput:
         return PromptJobInput(
             job_id=job.job_id,
@@ -198,7 +210,8 @@ class Dispatcher:
             org=job.org,
             max_attempts=job.max_attempts,
             priority=job.priority,
-            ceiling_s=self.ceiling_s,
+            ceiling_s=self.ceiling_of(job),
+            deferrable=deferrable(job),
             attempt_timeout_s=self.attempt_timeout_s,
             heartbeat_timeout_s=self.heartbeat_timeout_s,
             # Set from the prompt's parents when the job is created; only its workflow clears it.

@@ -116,14 +116,14 @@ class Reconciler:
         # From when Temporal had it (a start delayed by an outage does not age the job) or
         # its scheduled time, whichever is later.
         start = max(job.dispatched_at or job.created_at, job.scheduled_for or job.created_at)
-        limit = timedelta(seconds=self.dispatcher.ceiling_s + self.grace_s)
+        limit = timedelta(seconds=self.dispatcher.ceiling_of(job) + self.grace_s)
         return datetime.now(UTC) > start + limit
 
     async def _end_stuck(self, job: Job) -> bool:
         """Settle the row `stuck`, then terminate its workflow, which no worker runs: left
         open, it would show Running in the Web UI while the job has ended."""
         message = (
-            f"the job passed its hard ceiling ({self.dispatcher.ceiling_s:g} s) while "
+            f"the job passed its hard ceiling ({self.dispatcher.ceiling_of(job):g} s) while "
             f"{job.state.value} "
             "with no worker to end it"
         )

@@ -31,6 +31,8 @@ class PromptJobInput:
     # Attempts an earlier workflow of this job already made (the reconciler restarts a lost
     # workflow): this one continues the count, so its first attempt is `attempts_before + 1`.
     attempts_before: int = 0
+    # `options.deferrable`: the job may wait for a provider batch (issue 33).
+    deferrable: bool = False
 
 
 @dataclass
@@ -40,3 +42,12 @@ class PromptJobResult:
     response_id: str | None = None
     error_kind: ErrorKind | None = None
     error_message: str | None = None
+
+
+@dataclass
+class ProviderBatchInput:
+    """A provider batch's workflow (workflows/provider_batch.py); its id is `batch_id`."""
+
+    batch_id: str
+    # How long between two looks at the provider's status.
+    poll_s: float = 60.0

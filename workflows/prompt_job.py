@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
     import workflows.search_attributes as sa
     from activities.contracts import (
         ATTEMPT_REPORTED,
+        BATCH_DONE,
         JOB_CLOSED,
         ORG_BUSY,
         PARENTS_CHANGED,
@@ -36,13 +38,17 @@ with workflow.unsafe.imports_passed_through():
         AdapterCall,
         AdapterOutcome,
         AttemptReport,
+        BatchVerdict,
         CheckParents,
+        DeferJob,
+        Deferral,
         FinalizeSuccess,
         ParentsCheck,
         SettleJob,
         SettleResult,
     )
     from activities.job_activities import JobActivities
+    from activities.provider_batches import BatchActivities
     from projections.domain.lifecycle import (
         NON_RETRYABLE_TYPES,
         TIMEOUT_KINDS,
@@ -82,6 +88,11 @@ SLOT_RECHECK = timedelta(seconds=30)
 # max_attempts (docs/decisions.md).
 PROVIDER_BUDGETS = "provider-budgets"
 
+# Since this patch a deferrable job (`options.deferrable`) of a provider with a batch API
+# waits queued for its provider batch (workflows/provider_batch.py) to settle it or send it
+# back to run directly (BATCH_DONE); only inputs with `deferrable` take the path.
+PROVIDER_BATCHES = "provider-batches"
+
 
 def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
     """What a job's workflow carries from its start, so the Web UI can find it."""
@@ -103,6 +114,7 @@ class PromptJobWorkflow:
         self._parents_changed = False
         self._slot_freed = False
         self._fail_failed = False
+        self._verdict: BatchVerdict | None = None
 
     @workflow.run
     async def run(self, job: PromptJobInput) -> PromptJobResult:
@@ -123,8 +135,18 @@ class PromptJobWorkflow:
                     return await self._fail(job, ErrorKind.STUCK, never)
                 # The wait counted against the job's own ceiling.
                 ceiling -= workflow.now() - began
+            direct = Direct(job.attempts_before)
+            if job.deferrable and workflow.patched(PROVIDER_BATCHES):
+                began = workflow.now()
+                batched = await self._wait_for_batch(job, began + ceiling)
+                if isinstance(batched, str):
+                    return await self._fail(job, ErrorKind.STUCK, batched)
+                if isinstance(batched, PromptJobResult):
+                    return batched
+                direct = batched
+                ceiling -= workflow.now() - began
             if workflow.patched(ORG_RUNNING_LIMIT):
-                admitted = await self._call_when_admitted(job, settle_in_call, ceiling)
+                admitted = await self._call_when_admitted(job, settle_in_call, ceiling, direct)
                 if isinstance(admitted, str):
                     return await self._fail(job, ErrorKind.STUCK, admitted)
                 outcome = admitted
@@ -189,13 +211,58 @@ class PromptJobWorkflow:
         )
         return check
 
+    @workflow.signal(name=BATCH_DONE)
+    def batch_done(self, verdict: BatchVerdict) -> None:
+        """The job's provider batch is done with it: settled, or to run directly."""
+        self._verdict = verdict
+
+    async def _wait_for_batch(
+        self, job: PromptJobInput, deadline: datetime
+    ) -> PromptJobResult | Direct | str:
+        """A deferrable job waits queued for its provider batch: its result once the batch
+        settled it, how it runs directly (its provider has no batch API, or the batch sent it
+        back), or the error message once the ceiling passed first."""
+        deferral: Deferral = await workflow.execute_activity_method(
+            BatchActivities.defer_job,
+            DeferJob(job.job_id),
+            start_to_close_timeout=PROJECTION_TIMEOUT,
+            retry_policy=PROJECTION_RETRY,
+        )
+        if not deferral.deferred:
+            return Direct(job.attempts_before, via=deferral.reason)
+        workflow.set_current_details("queued, deferred: waiting for its provider batch")
+        left = (deadline - workflow.now()).total_seconds()
+        try:
+            await workflow.wait_condition(lambda: self._verdict is not None, timeout=max(left, 1))
+        except builtins.TimeoutError:
+            return f"hard ceiling ({job.ceiling_s:g} s) passed while waiting for a provider batch"
+        verdict = self._verdict
+        assert verdict is not None
+        self._attempt = max(self._attempt, verdict.attempt)
+        if not verdict.settled:
+            if verdict.delay_s > 0:
+                await workflow.sleep(timedelta(seconds=verdict.delay_s))
+            return Direct(verdict.attempt, verdict.spared, verdict.via)
+        if verdict.state is JobState.FAILED:
+            kind = verdict.error_kind or ErrorKind.UNKNOWN
+            self._show(verdict.state, kind)
+            if self._fail_failed:
+                raise job_failure(kind, verdict.error_message or "")
+            return PromptJobResult(job.job_id, verdict.state, error_kind=kind)
+        self._show(verdict.state)
+        return PromptJobResult(job.job_id, verdict.state, verdict.response_id)
+
     @workflow.signal(name=SLOT_FREED)
     def slot_freed(self) -> None:
         """The job's org has a free running slot now: ask for it again."""
         self._slot_freed = True
 
     async def _call_when_admitted(
-        self, job: PromptJobInput, settle_success: bool, ceiling: timedelta
+        self,
+        job: PromptJobInput,
+        settle_success: bool,
+        ceiling: timedelta,
+        direct: Direct | None = None,
     ) -> AdapterOutcome | str:
         """The adapter call, once the job holds one of its org's running slots (the first
         attempt takes it, in the transaction that starts it). While the org has none free the
@@ -204,7 +271,8 @@ class PromptJobWorkflow:
         deadline = workflow.now() + ceiling
         budget = workflow.patched(PROVIDER_BUDGETS)
         # Attempts made so far, and of them those a 429 ended, which the job is not charged.
-        made, spared = job.attempts_before, 0
+        direct = direct or Direct(job.attempts_before)
+        made, spared = direct.made, direct.spared
         while True:
             self._slot_freed = False  # before the call: a signal during it is kept
             recheck = SLOT_RECHECK
@@ -217,6 +285,7 @@ class PromptJobWorkflow:
                     budget=budget,
                     made=made,
                     spared=spared,
+                    via=direct.via,
                 )
             except ActivityError as err:
                 refused = err.cause
@@ -273,6 +342,7 @@ class PromptJobWorkflow:
         budget: bool = False,
         made: int | None = None,
         spared: int = 0,
+        via: str = "",
     ) -> AdapterOutcome:
         """One activity of attempts: `made` attempts came before it (the job's count goes on
         from there), `spared` of them ended by a 429, which the job gets back."""
@@ -289,6 +359,7 @@ class PromptJobWorkflow:
                 attempt_offset=made,
                 admission=admission,
                 budget=budget,
+                via=via,
             ),
             schedule_to_close_timeout=ceiling,
             start_to_close_timeout=timedelta(seconds=job.attempt_timeout_s),
@@ -351,6 +422,16 @@ class PromptJobWorkflow:
             retry_policy=PROJECTION_RETRY,
         )
         return settled
+
+
+@dataclass(frozen=True)
+class Direct:
+    """How a job's direct attempts begin: `made` attempts before them, `spared` of which
+    are not charged; `via`: why a deferrable job runs directly (its attempt records say)."""
+
+    made: int
+    spared: int = 0
+    via: str = ""
 
 
 def job_failure(kind: ErrorKind, message: str) -> ApplicationError:

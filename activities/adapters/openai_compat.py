@@ -3,14 +3,17 @@ Ollama, LiteLLM, OpenRouter…) streamed through the official SDK, with its fail
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 import openai
 from openai.types.chat import ChatCompletionMessageParam
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
+from activities.adapters.batch import BATCH_TAG, BatchStatus, BatchUnsupported, LineResult
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
@@ -151,15 +154,28 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
             max_retries=0,
         )
 
-    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+    def body(self, request: AdapterRequest) -> dict[str, Any]:
+        """The chat completion request the job makes (without its streaming arguments): one
+        call's, or one line's of a provider batch."""
         options = self.options(request.options)
         messages: list[ChatCompletionMessageParam] = []
         if options.system:
             messages.append({"role": "system", "content": options.system})
         messages.append({"role": "user", "content": request.prompt})
+        body: dict[str, Any] = {"model": options.model or self.model, "messages": messages}
+        if options.temperature is not None:
+            body["temperature"] = options.temperature
         max_tokens = options.max_tokens or self.max_tokens
-        limit = openai.omit if max_tokens is None else max_tokens
-        model = options.model or self.model
+        if max_tokens is not None:
+            body[self.max_tokens_field] = max_tokens
+        return body
+
+    def batches(self) -> OpenAIBatches:
+        return OpenAIBatches(self)
+
+    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+        body = self.body(request)
+        model = str(body["model"])
         client = self.client
         answer = StreamedAnswer()
         request_id: str | None = None
@@ -170,15 +186,7 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
                 # Leaving the block closes the response, and with it the connection, however
                 # it is left: a failure, or the activity's cancellation.
                 client.chat.completions.with_streaming_response.create(
-                    model=model,
-                    messages=messages,
-                    temperature=openai.omit if options.temperature is None else options.temperature,
-                    max_tokens=limit if self.max_tokens_field == "max_tokens" else openai.omit,
-                    max_completion_tokens=limit
-                    if self.max_tokens_field == "max_completion_tokens"
-                    else openai.omit,
-                    stream=True,
-                    stream_options={"include_usage": True},
+                    **body, stream=True, stream_options={"include_usage": True}
                 ) as raw,
             ):
                 request_id = raw.headers.get("x-request-id")
@@ -201,4 +209,165 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
             model=model,
             request_id=request_id,
             started=started,
+        )
+
+
+class _Message(BaseModel):
+    content: str | None = None
+    refusal: str | None = None
+
+
+class _CompletionChoice(BaseModel):
+    index: int = 0
+    message: _Message = Field(default_factory=_Message)
+    finish_reason: str | None = None
+
+
+class ChatCompletion(BaseModel):
+    """The fields of a whole (unstreamed) chat completion we read: a batch line's answer."""
+
+    id: str | None = None
+    model: str | None = None
+    choices: list[_CompletionChoice] = Field(default_factory=list)
+    usage: _Usage | None = None
+
+
+# A provider batch's line ended without running, by its error's code: not a failure of it.
+NOT_RUN = ("batch_expired", "batch_cancelled")
+ENDED = ("completed", "expired", "cancelled", "failed")
+ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+
+
+class OpenAIBatches:
+    """OpenAI's Batch API (activities/adapters/batch.py): a JSONL file uploaded with
+    purpose "batch", a batch of it tagged in its metadata, and its output and error files."""
+
+    def __init__(self, adapter: OpenAICompatAdapter) -> None:
+        self.adapter = adapter
+        self.name = adapter.name
+
+    def _failure(self, err: openai.OpenAIError) -> Exception:
+        if isinstance(err, openai.APIStatusError) and err.status_code in (404, 405):
+            return BatchUnsupported(
+                f"{self.name} at {self.adapter.base_url} has no batch API "
+                f"(HTTP {err.status_code} from {err.request.url.path})"
+            )
+        return classify(err, self.name)
+
+    async def find(self, tag: str) -> str | None:
+        try:
+            page = await self.adapter.client.batches.list(limit=100)
+        except openai.OpenAIError as err:
+            raise self._failure(err) from err
+        for batch in page.data:
+            if (batch.metadata or {}).get(BATCH_TAG) == tag:
+                return batch.id
+        return None
+
+    async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
+        rows = [
+            json.dumps(
+                {
+                    "custom_id": line.job_id,
+                    "method": "POST",
+                    "url": ENDPOINT,
+                    "body": self.adapter.body(line),
+                }
+            )
+            for line in lines
+        ]
+        client = self.adapter.client
+        try:
+            uploaded = await client.files.create(
+                file=(f"{tag}.jsonl", ("\n".join(rows) + "\n").encode()), purpose="batch"
+            )
+            batch = await client.batches.create(
+                input_file_id=uploaded.id,
+                endpoint=ENDPOINT,
+                completion_window="24h",
+                metadata={BATCH_TAG: tag},
+            )
+        except openai.OpenAIError as err:
+            raise self._failure(err) from err
+        return batch.id
+
+    async def status(self, provider_batch_id: str) -> BatchStatus:
+        try:
+            batch = await self.adapter.client.batches.retrieve(provider_batch_id)
+        except openai.OpenAIError as err:
+            raise classify(err, self.name) from err
+        return BatchStatus(
+            batch.status,
+            running=batch.status in ("in_progress", "finalizing"),
+            ended=batch.status in ENDED,
+        )
+
+    async def cancel(self, provider_batch_id: str) -> None:
+        try:
+            await self.adapter.client.batches.cancel(provider_batch_id)
+        except openai.OpenAIError as err:
+            raise classify(err, self.name) from err
+
+    async def results(self, provider_batch_id: str) -> AsyncIterator[LineResult]:
+        client = self.adapter.client
+        try:
+            batch = await client.batches.retrieve(provider_batch_id)
+            for file_id in (batch.output_file_id, batch.error_file_id):
+                if not file_id:
+                    continue
+                async with client.files.with_streaming_response.content(file_id) as content:
+                    async for line in content.iter_lines():
+                        if line.strip():
+                            yield self.line_result(line)
+        except openai.OpenAIError as err:
+            raise classify(err, self.name) from err
+
+    def line_result(self, line: str) -> LineResult:
+        """One line of an output or error file."""
+        try:
+            row = json.loads(line)
+            custom_id = str(row["custom_id"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise AdapterError(
+                ErrorKind.PARSE, f"{self.name}: unreadable batch result line: {line[:200]!r}"
+            ) from err
+        response, error = row.get("response"), row.get("error")
+        if isinstance(response, dict):
+            status = int(response.get("status_code") or 0)
+            given = response.get("body")
+            body: dict[str, Any] = given if isinstance(given, dict) else {}
+            request_id = response.get("request_id")
+            if status == 200:
+                return LineResult(custom_id, result=self._completion(body, request_id))
+            given = body.get("error")
+            detail: dict[str, Any] = given if isinstance(given, dict) else {}
+            failure = status_failure(
+                self.name, status, {}, str(detail.get("message") or body)[:500], request_id
+            )
+            return LineResult(custom_id, error=failure)
+        if isinstance(error, dict) and error.get("code") in NOT_RUN:
+            return LineResult(custom_id)
+        return LineResult(
+            custom_id,
+            error=AdapterError(ErrorKind.UNKNOWN, f"{self.name}: batch line failed: {error}"),
+        )
+
+    def _completion(self, body: dict[str, Any], request_id: str | None) -> AttemptResult:
+        try:
+            answer = ChatCompletion.model_validate(body)
+        except ValidationError as err:
+            raise AdapterError(ErrorKind.PARSE, f"{self.name}: unreadable completion") from err
+        choice = next((c for c in answer.choices if c.index == 0), None)
+        if choice is None:
+            raise AdapterError(ErrorKind.PARSE, f"{self.name}: a completion without a choice")
+        usage = answer.usage or _Usage()
+        request_id = request_id or answer.id
+        return AttemptResult(
+            text=(choice.message.content or "") + (choice.message.refusal or ""),
+            provider=self.name,
+            model=(answer.model or self.adapter.model)[:128],
+            provider_request_id=request_id[:255] if request_id else None,
+            finish_reason=choice.finish_reason[:64] if choice.finish_reason else None,
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
         )

@@ -53,3 +53,9 @@ class PromptOptions(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     system: str | None = Field(default=None, max_length=100_000, pattern=NO_NUL)
     fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
+    deferrable: bool | None = Field(
+        default=None,
+        description="The job may run in its provider's batch API, within 24 hours, at the "
+        "batch price (about half); it stays queued until its batch runs it. A provider "
+        "without a batch API runs it directly",
+    )

@@ -25,7 +25,8 @@ from temporalio.testing import WorkflowEnvironment
 from activities.contracts import ArchiveExpired
 from promptjobs.history import export_history
 from promptjobs.launch import DEV_SERVER_ARGS
-from promptjobs.runtime import build_dispatcher, temporal_cli
+from promptjobs.mock_provider import run_mock_provider
+from promptjobs.runtime import build_dispatcher, build_gatherer, temporal_cli
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from workflows import search_attributes
@@ -33,7 +34,9 @@ from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 RETENTION_HISTORIES = HISTORIES / "retention"
-VERSION = "v8"
+VERSION = "v9"
+# ProviderBatchWorkflow's runs, recorded with the deferrable scenarios.
+PROVIDER_BATCH_HISTORIES = HISTORIES / "provider_batch"
 
 Scenario = Callable[[Stack, WorkflowEnvironment], Awaitable[str]]
 
@@ -217,6 +220,60 @@ async def budget_wait(stack: Stack, _env: WorkflowEnvironment) -> str:
     return job_id
 
 
+async def _deferred(stack: Stack, prompt: str, **options: object) -> str:
+    """A deferrable job, run by a worker with its gatherer (services/batching.py)."""
+    body = {"deferrable": True, **options}
+    job_id = str((await stack.submit(prompt, options=body))["job_id"])
+    gatherer = build_gatherer(stack.settings, stack.client, stack.projection)
+    stop = asyncio.Event()
+    gathering = asyncio.create_task(gatherer.run(stop=stop))
+    try:
+        async with new_worker(stack.settings, stack.client, stack.projection):
+            await stack.settled(job_id, timeout=60)
+            batch_id = await _batch_of(stack, job_id)
+            if batch_id is not None:
+                await stack.client.get_workflow_handle(batch_id).result()
+    finally:
+        stop.set()
+        await gathering
+    return job_id
+
+
+async def _batch_of(stack: Stack, job_id: str) -> str | None:
+    from projections.models import DeferredJob
+
+    async with stack.projection.sessions() as session:
+        deferred = await session.get(DeferredJob, job_id)
+        return None if deferred is None else deferred.batch_id
+
+
+async def _keep_batch(stack: Stack, job_id: str, name: str) -> None:
+    batch_id = await _batch_of(stack, job_id)
+    assert batch_id is not None, job_id
+    path = PROVIDER_BATCH_HISTORIES / f"v1-{name}.json"
+    path.write_text(await export_history(stack.client, batch_id))
+    print(f"{'provider batch':20} {name:10} → {path.relative_to(Path.cwd())}")
+
+
+async def deferred_direct(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """A deferrable job of a provider without a batch API (the fake) runs directly."""
+    return await _deferred(stack, "replay me", provider="fake")
+
+
+async def deferred_batch(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """A deferrable job runs in a provider batch (the mock's OpenAI Batch API)."""
+    job_id = await _deferred(stack, "replay me", provider="openai")
+    await _keep_batch(stack, job_id, "settled")
+    return job_id
+
+
+async def deferred_line_failed(stack: Stack, _env: WorkflowEnvironment) -> str:
+    """Its line in the provider batch is a 429: the job runs directly, at no attempt."""
+    job_id = await _deferred(stack, "replay me mock:fail=429", provider="openai")
+    await _keep_batch(stack, job_id, "line_failed")
+    return job_id
+
+
 async def _dispatched(stack: Stack, job_id: str) -> bool:
     async with stack.projection.sessions() as session:
         from projections.models import Job
@@ -248,6 +305,11 @@ SCENARIOS: dict[str, Scenario] = {
     # Provider budgets (patch provider-budgets), recorded as v8 with the rest; `rate_limited`
     # takes the budget's pause there.
     "budget_wait": budget_wait,
+    # Deferrable jobs (patch provider-batches), recorded as v9 with the rest, with the
+    # provider batches' own runs (ProviderBatchWorkflow) beside them.
+    "deferred_direct": deferred_direct,
+    "deferred_batch": deferred_batch,
+    "deferred_line_failed": deferred_line_failed,
 }
 
 
@@ -278,6 +340,13 @@ async def record(names: list[str], version: str = VERSION) -> None:
         dev_server_extra_args=DEV_SERVER_ARGS,
         dev_server_log_level="error",
     )
+    mock_stop, mock_ready = asyncio.Event(), asyncio.Event()
+    mock_port = free_port()
+    mock = asyncio.create_task(
+        run_mock_provider("127.0.0.1", mock_port, stop=mock_stop, on_ready=mock_ready.set)
+    )
+    await mock_ready.wait()
+    PROVIDER_BATCH_HISTORIES.mkdir(exist_ok=True)
     try:
         if "retention" in names:
             names = [name for name in names if name != "retention"]
@@ -291,6 +360,11 @@ async def record(names: list[str], version: str = VERSION) -> None:
                     rate_limit_default_s=1.0,
                     job_ceiling_s=3.0 if name in ("stuck", "chain_stuck_waiting") else 900.0,
                     org_max_running=1 if name == "org_slot_wait" else 100,
+                    default_provider="fake",
+                    openai_base_url=f"http://127.0.0.1:{mock_port}/v1",
+                    openai_api_key="mock-key",
+                    batch_max_wait_s=0.5,
+                    batch_poll_s=0.3,
                 )
                 async with running_stack(settings, env.client, run_worker=False) as stack:
                     job_id = await SCENARIOS[name](stack, env)
@@ -304,6 +378,8 @@ async def record(names: list[str], version: str = VERSION) -> None:
                     path.write_text(await export_history(env.client, job_id))
                     print(f"{name:20} {state:10} → {path.relative_to(Path.cwd())}")
     finally:
+        mock_stop.set()
+        await mock
         await env.shutdown()
 
 

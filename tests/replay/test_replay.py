@@ -22,16 +22,19 @@ from temporalio.worker import Replayer
 from tests.conftest import Stack
 from workflows.contracts import PromptJobInput, PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow
+from workflows.provider_batch import ProviderBatchWorkflow
 from workflows.retention import RetentionWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 RETENTION_HISTORIES = sorted((Path(__file__).parent / "histories" / "retention").glob("*.json"))
+BATCH_HISTORIES = sorted((Path(__file__).parent / "histories" / "provider_batch").glob("*.json"))
 PATHS = {
     "success", "retry_then_success", "exhausted", "non_retryable", "rate_limited",
     "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
     "chain_waits_then_runs", "chain_parent_retried", "chain_cancel_waiting",
     "chain_stuck_waiting",
     "restarted", "closed_failed", "org_slot_wait", "budget_wait",
+    "deferred_direct", "deferred_batch", "deferred_line_failed",
 }  # fmt: skip
 # Since the patch fail-failed-jobs (v3 on) a failed job's workflow ends Failed.
 FAILED_PATHS = {"exhausted", "non_retryable", "stuck", "closed_failed"}
@@ -70,6 +73,21 @@ async def test_retention_history_replays_on_the_current_workflow(path: Path) -> 
     )
     assert result.replay_failure is None, (
         f"{path.name} no longer replays on RetentionWorkflow: guard the change with "
+        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
+    )
+
+
+def test_provider_batches_have_recorded_histories() -> None:
+    assert {path.stem.split("-", 1)[1] for path in BATCH_HISTORIES} >= {"settled", "line_failed"}
+
+
+@pytest.mark.parametrize("path", BATCH_HISTORIES, ids=[p.stem for p in BATCH_HISTORIES])
+async def test_provider_batch_history_replays_on_the_current_workflow(path: Path) -> None:
+    result = await Replayer(workflows=[ProviderBatchWorkflow]).replay_workflow(
+        load(path), raise_on_replay_failure=False
+    )
+    assert result.replay_failure is None, (
+        f"{path.name} no longer replays on ProviderBatchWorkflow: guard the change with "
         f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
     )
 

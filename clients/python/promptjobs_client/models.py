@@ -186,6 +186,8 @@ class AttemptOut(BaseModel):
     duration_ms: int
     started_at: datetime
     ended_at: datetime
+    # The provider batch it ran in, or why a deferrable job ran directly.
+    via: str | None = None
 
 
 class AttemptList(BaseModel):

@@ -1,0 +1,433 @@
+"""The activities of deferrable jobs and their provider batches (issue 33).
+
+`defer_job` (a job's workflow): the job waits for a batch, or runs directly and says why.
+`submit_provider_batch`, `poll_provider_batch`, `settle_provider_batch` (a batch's workflow,
+workflows/provider_batch.py): send the batch once, follow it, and settle each job from its
+own result line as a direct attempt would have been, through the same projector. Each is
+safe to repeat: a send first looks for the batch sent before under our id; settling reads
+what the batch already did to each job (DeferredJob.attempt, .verdict) and tells it again."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.adapters.base import AdapterRegistry, InvalidOptions
+from activities.adapters.batch import BatchAPI, BatchUnsupported, LineResult, batch_api_of
+from activities.attempt import adapter_request
+from activities.budgets import estimate_tokens
+from activities.contracts import (
+    ATTEMPT_REPORTED,
+    BATCH_DONE,
+    AttemptReport,
+    BatchPoll,
+    BatchSent,
+    BatchSettled,
+    BatchVerdict,
+    DeferJob,
+    Deferral,
+    ProviderBatchRef,
+)
+from activities.errors import AdapterError
+from activities.job_activities import wake
+from activities.outages import through_outages
+from activities.prices import PriceTable
+from projections.domain.lifecycle import (
+    BackoffPolicy,
+    End,
+    ErrorKind,
+    FailedAttempt,
+    JobState,
+    next_step,
+)
+from projections.ids import response_id_for
+from projections.models import Job, ProviderBatch, job_options
+from projections.projector import Transition
+from projections.provider_batches import Member
+from projections.store import JobStore
+from projections.streams import AttemptUsage, OutputBatch
+
+DIRECTLY = "deferrable, run directly"
+
+
+def via_batch(batch: ProviderBatch) -> str:
+    """What a job's attempt record says of the batch it ran in."""
+    return f"provider batch {batch.batch_id} ({batch.provider} {batch.provider_batch_id})"
+
+
+class BatchActivities:
+    def __init__(
+        self,
+        store: JobStore,
+        adapters: AdapterRegistry,
+        backoff: BackoffPolicy,
+        prices: PriceTable,
+    ) -> None:
+        self.store = store
+        self.batches = store.provider_batches
+        self.adapters = adapters
+        self.backoff = backoff
+        self.prices = prices
+
+    # -- a deferrable job's workflow -----------------------------------------------------
+
+    @activity.defn(name="defer_job")
+    async def defer_job(self, defer: DeferJob) -> Deferral:
+        """Record the job as waiting for a provider batch of its provider and model, unless
+        that provider has none (the fake; a compatible server found without one lately)."""
+        job, prompt = await through_outages(
+            "load job", lambda: self.store.job_and_prompt(defer.job_id)
+        )
+        options = job_options(job, prompt)
+        provider = self.adapters.provider_of(options)
+        try:
+            adapter = self.adapters.get(options)
+        except InvalidOptions:
+            return Deferral(False, f"{DIRECTLY}: provider {provider} is not configured here")
+        if batch_api_of(adapter) is None:
+            return Deferral(False, f"{DIRECTLY}: provider {provider} has no batch API")
+        if not adapter.configured:
+            return Deferral(False, f"{DIRECTLY}: provider {provider} has no credential")
+        known = await self.batches.unsupported(provider)
+        if known is not None:
+            return Deferral(False, f"{DIRECTLY}: {known}")
+        if job.state is not JobState.QUEUED:
+            # Settled meanwhile (cancelled): the workflow's attempt finds it closed.
+            return Deferral(False, f"{DIRECTLY}: the job is {job.state.value}")
+        deferred = await self.batches.defer(job, provider, self.adapters.model_of(options))
+        if deferred.verdict is not None:
+            # A restarted workflow (the reconciler's) of a job its batch is done with: the
+            # batch told the workflow that was lost; the job runs (or closes) directly.
+            return Deferral(False, f"{DIRECTLY}: its provider batch {deferred.batch_id} ended")
+        return Deferral(True)
+
+    # -- a provider batch's workflow -----------------------------------------------------
+
+    def _api(self, batch: ProviderBatch) -> BatchAPI | None:
+        try:
+            return batch_api_of(self.adapters.get({"provider": batch.provider}))
+        except InvalidOptions:
+            return None
+
+    @activity.defn(name="submit_provider_batch")
+    async def submit_provider_batch(self, ref: ProviderBatchRef) -> BatchSent:
+        """Send the batch's still-queued jobs as one provider batch, once: a repeat finds the
+        batch recorded, or the provider's batch tagged with our id, and adopts it."""
+        batch = await self.batches.get(ref.batch_id)
+        if batch.provider_batch_id is not None:
+            return BatchSent(batch.provider_batch_id)
+        if batch.state in ("unsupported", "refused"):
+            return BatchSent(direct=batch.note or "")
+        api = self._api(batch)
+        if api is None:
+            return await self._unsent(batch, "unsupported", f"provider {batch.provider} is gone")
+        try:
+            found = await api.find(batch.batch_id)
+            if found is None:
+                members = [
+                    m
+                    for m in await self.batches.members(batch.batch_id)
+                    if m.job.state is JobState.QUEUED
+                ]
+                if not members:
+                    await self.batches.update(
+                        batch.batch_id,
+                        state="ended",
+                        note="every job was settled before the batch was sent",
+                        ended_at=datetime.now(UTC),
+                    )
+                    return BatchSent(empty=True)
+                requests = [
+                    await adapter_request(self.store, m.job, m.prompt, m.job.attempt + 1)
+                    for m in members
+                ]
+                found = await api.submit(batch.batch_id, batch.model, requests)
+        except BatchUnsupported as err:
+            return await self._unsent(batch, "unsupported", str(err))
+        except AdapterError as err:
+            if err.kind.is_retryable:
+                raise  # Temporal asks again, by the batch workflow's retry policy
+            return await self._unsent(batch, "refused", f"the provider refused the batch: {err}")
+        await self.batches.update(
+            batch.batch_id, state="sent", provider_batch_id=found, sent_at=datetime.now(UTC)
+        )
+        return BatchSent(found)
+
+    async def _unsent(self, batch: ProviderBatch, state: str, why: str) -> BatchSent:
+        """The batch is not sent: its jobs run directly, saying why."""
+        activity.logger.warning("provider batch %s not sent: %s", batch.batch_id, why)
+        await self.batches.update(batch.batch_id, state=state, note=why, ended_at=datetime.now(UTC))
+        direct = f"{DIRECTLY}: {why}"
+        for member in await self.batches.members(batch.batch_id):
+            verdict = BatchVerdict(False, member.job.state, member.job.attempt, via=direct)
+            await self._tell(member, verdict)
+        return BatchSent(direct=why)
+
+    @activity.defn(name="poll_provider_batch")
+    async def poll_provider_batch(self, ref: ProviderBatchRef) -> BatchPoll:
+        """The provider's word on the batch. Once it runs it, its queued jobs are `running`
+        (an attempt each); while it runs, if every job in it was cancelled, it is cancelled."""
+        batch = await self.batches.get(ref.batch_id)
+        api = self._api(batch)
+        assert api is not None and batch.provider_batch_id is not None, batch.batch_id
+        status = await api.status(batch.provider_batch_id)
+        members = await self.batches.members(batch.batch_id)
+        if status.running:
+            for member in members:
+                if member.job.state is JobState.QUEUED and member.deferred.attempt is None:
+                    await self._start(batch, member)
+        elif not status.ended and members and all(m.job.state.is_terminal for m in members):
+            await api.cancel(batch.provider_batch_id)
+            activity.logger.info("provider batch %s: every job cancelled", batch.batch_id)
+        if status.status != batch.provider_status:
+            await self.batches.update(batch.batch_id, provider_status=status.status[:32])
+        return BatchPoll(status.status, status.ended)
+
+    async def _start(self, batch: ProviderBatch, member: Member) -> int:
+        """The job's attempt in the batch begins (its row `running`): the attempt's number."""
+        job = member.job
+        started = await through_outages(
+            "start attempt",
+            lambda: self.store.projector.start_attempt(
+                job.job_id, job.attempt + 1, via_batch(batch)[:255]
+            ),
+        )
+        attempt = started.attempt
+        if started.state is JobState.RUNNING:
+            await self.batches.record(job.job_id, attempt=attempt)
+            await self._signal(
+                job.job_id, ATTEMPT_REPORTED, AttemptReport(JobState.RUNNING, attempt)
+            )
+        return attempt
+
+    @activity.defn(name="settle_provider_batch")
+    async def settle_provider_batch(self, ref: ProviderBatchRef) -> BatchSettled:
+        """Settle each job from its own result line (by custom_id, in any order); a job the
+        provider did not run goes back to run directly. Then tell each job's workflow."""
+        batch = await self.batches.get(ref.batch_id)
+        api = self._api(batch)
+        assert api is not None and batch.provider_batch_id is not None, batch.batch_id
+        members = {m.job.job_id: m for m in await self.batches.members(batch.batch_id)}
+        lines: dict[str, LineResult] = {}
+        async for line in api.results(batch.provider_batch_id):
+            if line.custom_id in members:
+                lines.setdefault(line.custom_id, line)
+        report = BatchSettled()
+        for done, (job_id, member) in enumerate(members.items()):
+            verdict = await self._verdict(batch, member, lines.get(job_id, LineResult(job_id)))
+            await self._tell(member, verdict)
+            if verdict.settled:
+                report.settled += 1
+            else:
+                report.direct += 1
+            activity.heartbeat(done)
+        await self.batches.update(batch.batch_id, state="ended", ended_at=datetime.now(UTC))
+        return report
+
+    async def _verdict(
+        self, batch: ProviderBatch, member: Member, line: LineResult
+    ) -> BatchVerdict:
+        """What the line did to the job: decided once (a repeat reads it back)."""
+        if member.deferred.verdict is not None:
+            return verdict_of(member.deferred.verdict)
+        job = member.job
+        if job.state is JobState.QUEUED and member.deferred.attempt == job.attempt:
+            # Re-queued by an earlier run of this settling, which ended before it kept its
+            # verdict: the job runs directly (its attempt charged, as most lines' are).
+            why = f"its line in {via_batch(batch)} failed"
+            verdict = BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {why}")
+        elif job.state.is_terminal:
+            verdict = settled_verdict(job)
+            if line.result is not None or line.error is not None:
+                # The tokens were spent all the same: record them (the row stays as it is).
+                attempt = member.deferred.attempt or job.attempt + 1
+                await self.store.projector.end_attempt(
+                    None, self._usage(batch, member, attempt, line)
+                )
+        elif line.result is None and line.error is None:
+            verdict = await self._not_run(batch, member)
+        else:
+            attempt = (
+                job.attempt if job.state is JobState.RUNNING else await self._start(batch, member)
+            )
+            if line.result is not None:
+                verdict = await self._succeeded(batch, member, attempt, line)
+            else:
+                verdict = await self._failed(batch, member, attempt, line)
+        await self.batches.record(job.job_id, verdict=asdict(verdict))
+        return verdict
+
+    def _usage(
+        self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
+    ) -> AttemptUsage:
+        result, now = line.result, datetime.now(UTC)
+        began = batch.sent_at or now
+        input_tokens = result.input_tokens if result else None
+        output_tokens = result.output_tokens if result else None
+        estimated = result is not None and (input_tokens is None or output_tokens is None)
+        if result is not None and input_tokens is None:
+            input_tokens = estimate_tokens(member.prompt.text)
+        if result is not None and output_tokens is None:
+            output_tokens = estimate_tokens(result.text)
+        model = result.model if result else batch.model
+        error = line.error
+        return AttemptUsage(
+            job_id=member.job.job_id,
+            attempt=attempt,
+            org=member.job.org,
+            outcome=JobState.SUCCEEDED.value
+            if result
+            else (error.kind.value if error else "unrun"),
+            provider=batch.provider[:32],
+            model=model[:128],
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            usage_estimated=estimated,
+            cost_usd=self.prices.cost(model, input_tokens, output_tokens, batch=True)
+            if result
+            else None,
+            output_chars=len(result.text) if result else 0,
+            first_token_ms=None,
+            duration_ms=round((now - began).total_seconds() * 1000),
+            started_at=began,
+            ended_at=now,
+            via=via_batch(batch)[:255],
+        )
+
+    async def _succeeded(
+        self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
+    ) -> BatchVerdict:
+        assert line.result is not None
+        job_id = member.job.job_id
+        usage = self._usage(batch, member, attempt, line)
+        result = replace(
+            line.result,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            usage_estimated=usage.usage_estimated,
+            cost_usd=usage.cost_usd,
+            latency_ms=usage.duration_ms,
+        )
+        applied = await through_outages(
+            "settle success",
+            lambda: self.store.projector.succeed(
+                job_id,
+                attempt,
+                response_id_for(job_id),
+                result,
+                tail=OutputBatch(job_id, attempt, 0, result.text),
+                usage=usage,
+            ),
+        )
+        if applied.state is JobState.SUCCEEDED:
+            await wake(applied.waiting_children)
+        job = await self._row(job_id)
+        return settled_verdict(job)
+
+    async def _failed(
+        self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
+    ) -> BatchVerdict:
+        """A line's error, as a direct call's: a 429 costs no attempt and the job runs
+        directly at once; a retryable kind runs directly after the backoff's delay; the
+        rest (or attempts spent) fail the job."""
+        err = line.error
+        assert err is not None
+        job = member.job
+        usage = self._usage(batch, member, attempt, line)
+        message = f"{err.message} (in {via_batch(batch)})"
+        via = f"{DIRECTLY}: its line in {via_batch(batch)} failed ({err.kind.value})"
+        if err.kind is ErrorKind.RATE_LIMIT:
+            delay, spared = err.retry_after_s or 0.0, 1
+        else:
+            step = next_step(
+                FailedAttempt(err.kind, message, attempt, job.max_attempts, err.retry_after_s),
+                policy=self.backoff,
+                now_s=time.time(),
+                deadline_s=float("inf"),
+                unit_random=random.random(),
+            )
+            if isinstance(step, End):
+                failed = Transition(
+                    job.job_id, JobState.FAILED, error_kind=step.kind, error_message=step.message
+                )
+                await through_outages(
+                    "settle failure", lambda: self.store.projector.apply(failed, usage=usage)
+                )
+                return settled_verdict(await self._row(job.job_id))
+            delay, spared = step.delay_s, 0
+        requeue = Transition(
+            job.job_id,
+            JobState.QUEUED,
+            attempt,
+            error_kind=err.kind,
+            error_message=message,
+            next_attempt_at=datetime.now(UTC) + timedelta(seconds=delay),
+        )
+        await through_outages("re-queue", lambda: self.store.projector.apply(requeue, usage=usage))
+        return BatchVerdict(False, JobState.QUEUED, attempt, spared, delay, via)
+
+    async def _not_run(self, batch: ProviderBatch, member: Member) -> BatchVerdict:
+        """The provider ended the batch without running the line (expired, cancelled): the
+        job runs directly now, and the batch's attempt, if it began one, is not charged."""
+        job = member.job
+        why = f"{via_batch(batch)} ended {batch.provider_status or 'early'} without running it"
+        if job.state is not JobState.RUNNING:
+            return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {why}")
+        requeue = Transition(
+            job.job_id,
+            JobState.QUEUED,
+            job.attempt,
+            error_kind=ErrorKind.TIMEOUT,
+            error_message=why,
+            next_attempt_at=datetime.now(UTC),
+        )
+        usage = replace(
+            self._usage(batch, member, job.attempt, LineResult(job.job_id)),
+            outcome=ErrorKind.TIMEOUT.value,
+        )
+        await through_outages("re-queue", lambda: self.store.projector.apply(requeue, usage=usage))
+        return BatchVerdict(False, JobState.QUEUED, job.attempt, 1, via=f"{DIRECTLY}: {why}")
+
+    async def _row(self, job_id: str) -> Job:
+        job, _prompt = await through_outages("load job", lambda: self.store.job_and_prompt(job_id))
+        return job
+
+    async def _tell(self, member: Member, verdict: BatchVerdict) -> None:
+        await self._signal(member.job.job_id, BATCH_DONE, verdict)
+
+    async def _signal(self, job_id: str, name: str, arg: object) -> None:
+        """Signal the job's workflow; one that has ended (a cancelled job) needs nothing."""
+        try:
+            await activity.client().get_workflow_handle(job_id).signal(name, arg)
+        except RPCError as err:
+            if err.status is not RPCStatusCode.NOT_FOUND:
+                raise
+
+
+def settled_verdict(job: Job) -> BatchVerdict:
+    return BatchVerdict(
+        True,
+        job.state,
+        job.attempt,
+        response_id=job.response_id,
+        error_kind=job.error_kind,
+        error_message=job.error_message,
+    )
+
+
+def verdict_of(kept: dict[str, Any]) -> BatchVerdict:
+    """A verdict as DeferredJob.verdict keeps it (JSON)."""
+    kind = kept.get("error_kind")
+    return BatchVerdict(
+        **{
+            **kept,
+            "state": JobState(kept["state"]),
+            "error_kind": None if kind is None else ErrorKind(kind),
+        }
+    )

@@ -1,0 +1,237 @@
+"""Deferrable jobs run in their provider's batch API under their own ids and states (issue
+33): gathered per provider and model, sent as one provider batch to the mock provider
+(which speaks OpenAI's Batch API), settled each from its own line at the batch price, and
+sent back to run directly where the batch did not run them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from temporalio.testing import WorkflowEnvironment
+
+from projections.domain.lifecycle import EventType
+from projections.models import JobEvent
+from tests.conftest import (
+    MockProviderServer,
+    Stack,
+    eventually,
+    provider_settings,
+    running_stack,
+)
+
+PRICES = """
+[models."gpt-batch*"]
+input = 1.0
+output = 4.0
+"""
+
+
+async def behave(mock: MockProviderServer, **behaviour: Any) -> None:
+    (await mock.http.put("/mock/batches", json=behaviour)).raise_for_status()
+
+
+@pytest.fixture
+async def batching(
+    dev_server: WorkflowEnvironment,
+    database_url: str,
+    tmp_path: Path,
+    mock_provider: MockProviderServer,
+) -> AsyncIterator[Stack]:
+    prices = tmp_path / "prices.toml"
+    prices.write_text(PRICES)
+    settings = provider_settings(
+        tmp_path,
+        mock_provider,
+        database_url=database_url,
+        default_provider="openai",
+        openai_model="gpt-batch-1",
+        prices_file=prices,
+        batch_max_wait_s=1.0,
+        batch_poll_s=0.3,
+    )
+    await behave(mock_provider, run_s=1.0)
+    try:
+        async with running_stack(settings, dev_server.client) as stack:
+            yield stack
+    finally:
+        await behave(mock_provider)
+
+
+async def submit(stack: Stack, prompt: str, **options: Any) -> str:
+    accepted = await stack.submit(prompt, options={"deferrable": True, **options})
+    return str(accepted["job_id"])
+
+
+async def attempts(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    response = await stack.http.get(f"/v1/jobs/{job_id}/attempts")
+    assert response.status_code == 200, response.text
+    found: list[dict[str, Any]] = response.json()["attempts"]
+    return found
+
+
+async def states(stack: Stack, job_id: str) -> list[str]:
+    """The states the job's events went through, in order."""
+    query = (
+        select(JobEvent.state)
+        .where(JobEvent.job_id == job_id, JobEvent.type == EventType.STATE_CHANGED.value)
+        .order_by(JobEvent.id)
+    )
+    async with stack.projection.sessions() as session:
+        return [state.value for state in (await session.execute(query)).scalars()]
+
+
+async def output(stack: Stack, job_id: str) -> str:
+    response = await stack.http.get(f"/v1/jobs/{job_id}/output")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert body["done"], body
+    return str(body["text"])
+
+
+async def test_deferrable_jobs_run_as_one_provider_batch_at_the_batch_price(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    prompts = [f"summarise item {i} {tag}" for i in range(5)]
+    jobs = [await submit(batching, prompt) for prompt in prompts]
+    queued = await batching.job(jobs[0])
+    assert queued["state"] == "queued"
+
+    for job_id in jobs:
+        job = await batching.settled(job_id, timeout=30)
+        assert job["state"] == "succeeded", job
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert len(seen) == 5, "each job reached the provider once"
+    for job_id, prompt in zip(jobs, prompts, strict=True):
+        assert await output(batching, job_id) == await mock_provider.answer(prompt)
+    assert all(r.get("batch") for r in seen), "no direct call"
+    assert len({r["batch"] for r in seen}) == 1, "one provider batch"
+
+    [attempt] = await attempts(batching, jobs[0])
+    assert attempt["outcome"] == "succeeded"
+    assert attempt["via"].startswith("provider batch pbatch_")
+    assert seen[0]["batch"] in attempt["via"]
+    full = (attempt["input_tokens"] * 1.0 + attempt["output_tokens"] * 4.0) / 1e6
+    assert attempt["cost_usd"] == pytest.approx(full * 0.5)
+    assert (await batching.job(jobs[0]))["cost_usd"] == pytest.approx(full * 0.5)
+    assert await states(batching, jobs[0]) == ["queued", "running", "succeeded"]
+
+
+async def test_each_line_fails_as_a_direct_call_would(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    busy = await submit(batching, f"busy {tag} mock:fail=429", max_tokens=50)
+    broken = await submit(batching, f"broken {tag} mock:fail=500")
+    invalid = await submit(batching, f"invalid {tag} mock:fail=400")
+
+    # A 429 line costs no attempt: the job runs directly at once and succeeds.
+    job = await batching.settled(busy, timeout=30)
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    first, second = await attempts(batching, busy)
+    assert first["outcome"] == "rate_limit" and first["via"].startswith("provider batch")
+    assert second["outcome"] == "succeeded"
+    assert second["via"].startswith("deferrable, run directly: its line in provider batch")
+
+    # A 5xx line spends its attempt and is retried directly.
+    job = await batching.settled(broken, timeout=30)
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+
+    # An invalid request fails the job at once, as a direct call's would.
+    job = await batching.settled(invalid, timeout=30)
+    assert (job["state"], job["error_kind"], job["attempt"]) == ("failed", "provider_4xx", 1)
+    assert "provider batch" in job["error_message"]
+
+
+async def test_a_provider_without_a_batch_api_runs_deferrable_jobs_directly(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    fake = await submit(batching, f"fake {tag}", provider="fake")
+    job = await batching.settled(fake, timeout=30)
+    assert job["state"] == "succeeded"
+    [attempt] = await attempts(batching, fake)
+    assert attempt["via"] == "deferrable, run directly: provider fake has no batch API"
+
+    await behave(mock_provider, supported=False)
+    compatible = [await submit(batching, f"compatible {i} {tag}") for i in range(2)]
+    for job_id in compatible:
+        job = await batching.settled(job_id, timeout=30)
+        assert job["state"] == "succeeded"
+        [attempt] = await attempts(batching, job_id)
+        assert "has no batch API (HTTP 404" in attempt["via"]
+    # Once found, the provider is not asked again: the next job runs directly at once.
+    later = await submit(batching, f"later {tag}")
+    assert (await batching.settled(later, timeout=30))["state"] == "succeeded"
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert not any(r.get("batch") for r in seen)
+
+
+async def test_a_job_cancelled_before_its_batch_is_sent_never_reaches_the_provider(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    cancelled = await submit(batching, f"never {tag}")
+    kept = await submit(batching, f"kept {tag}")
+    assert (await batching.http.post(f"/v1/jobs/{cancelled}/cancel")).status_code == 202
+    assert (await batching.settled(kept, timeout=30))["state"] == "succeeded"
+    assert (await batching.settled(cancelled))["state"] == "cancelled"
+    seen = [r["prompt"] for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert seen == [f"kept {tag}"]
+
+
+async def test_lines_an_expired_batch_did_not_run_run_directly_at_no_attempt(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    # Long enough for a poll to see it run (its jobs `running`) before it expires.
+    await behave(mock_provider, run_s=3.0, expire_after=1)
+    tag = uuid.uuid4().hex[:8]
+    jobs = [await submit(batching, f"expiring {i} {tag}", max_tokens=20) for i in range(3)]
+    ran_directly = 0
+    for job_id in jobs:
+        job = await eventually(
+            lambda job_id=job_id: batching.job(job_id),
+            lambda j: j["state"] == "succeeded",
+            timeout=30,
+        )
+        tried = await attempts(batching, job_id)
+        assert tried[0]["via"].startswith("provider batch"), (job, tried)
+        if len(tried) == 2:
+            ran_directly += 1
+            assert tried[0]["outcome"] == "timeout"
+            # The batch's attempt is not charged: the job still had all its attempts.
+            assert job["attempt"] == 2
+            assert "without running it" in tried[1]["via"]
+    assert ran_directly == 2
+
+
+async def test_a_deferrable_job_outlives_the_ordinary_ceiling(
+    dev_server: WorkflowEnvironment,
+    database_url: str,
+    tmp_path: Path,
+    mock_provider: MockProviderServer,
+) -> None:
+    """Its batch takes longer than an ordinary job's ceiling: neither its workflow nor the
+    reconciler ends it `stuck`; it has a ceiling of its own."""
+    settings = provider_settings(
+        tmp_path,
+        mock_provider,
+        database_url=database_url,
+        default_provider="openai",
+        job_ceiling_s=2.0,
+        reconciler_interval_s=0.5,
+        reconciler_grace_s=0.5,
+        batch_max_wait_s=4.0,
+        batch_poll_s=0.3,
+    )
+    async with running_stack(settings, dev_server.client) as stack:
+        job_id = await submit(stack, f"slow to gather {uuid.uuid4().hex[:8]}")
+        job = await stack.settled(job_id, timeout=30)
+        assert job["state"] == "succeeded", job
+        [attempt] = await attempts(stack, job_id)
+        assert attempt["via"].startswith("provider batch")
