@@ -178,13 +178,13 @@ class BatchActivities:
         assert api is not None and batch.provider_batch_id is not None, batch.batch_id
         status = await api.status(batch.provider_batch_id)
         members = await self.batches.members(batch.batch_id)
-        if status.running:
+        if not status.ended and members and all(m.job.state.is_terminal for m in members):
+            await api.cancel(batch.provider_batch_id)
+            activity.logger.info("provider batch %s: every job cancelled", batch.batch_id)
+        elif status.running:
             for member in members:
                 if member.job.state is JobState.QUEUED and member.deferred.attempt is None:
                     await self._start(batch, member)
-        elif not status.ended and members and all(m.job.state.is_terminal for m in members):
-            await api.cancel(batch.provider_batch_id)
-            activity.logger.info("provider batch %s: every job cancelled", batch.batch_id)
         if status.status != batch.provider_status:
             await self.batches.update(batch.batch_id, provider_status=status.status[:32])
         return BatchPoll(status.status, status.ended)

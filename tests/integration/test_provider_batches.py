@@ -15,7 +15,7 @@ from sqlalchemy import select
 from temporalio.testing import WorkflowEnvironment
 
 from projections.domain.lifecycle import EventType
-from projections.models import JobEvent
+from projections.models import DeferredJob, JobEvent
 from tests.conftest import (
     MockProviderServer,
     Stack,
@@ -235,3 +235,66 @@ async def test_a_deferrable_job_outlives_the_ordinary_ceiling(
         assert job["state"] == "succeeded", job
         [attempt] = await attempts(stack, job_id)
         assert attempt["via"].startswith("provider batch")
+
+
+async def test_cancel_after_sending_ends_the_job_at_once_and_discards_its_line(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    await behave(mock_provider, run_s=3.0)
+    tag = uuid.uuid4().hex[:8]
+    cancelled = await submit(batching, f"cancelled {tag}")
+    kept = await submit(batching, f"kept {tag}")
+    for job_id in (cancelled, kept):
+        await eventually(
+            lambda job_id=job_id: batching.job(job_id), lambda j: j["state"] == "running"
+        )
+    assert (await batching.http.post(f"/v1/jobs/{cancelled}/cancel")).status_code == 202
+    job = await eventually(
+        lambda: batching.job(cancelled), lambda j: j["state"] != "running", timeout=5
+    )
+    assert job["state"] == "cancelled"
+
+    assert (await batching.settled(kept, timeout=30))["state"] == "succeeded"
+    # Its line ran (the batch was not cancelled for one job): discarded, its tokens kept.
+    await eventually(lambda: attempts(batching, cancelled), bool, timeout=10)
+    job = await batching.job(cancelled)
+    assert (job["state"], job["response_id"]) == ("cancelled", None)
+    [attempt] = await attempts(batching, cancelled)
+    assert attempt["outcome"] == "succeeded" and attempt["via"].startswith("provider batch")
+    assert job["output_tokens"] == attempt["output_tokens"] > 0
+
+
+async def test_a_provider_batch_whose_jobs_are_all_cancelled_is_cancelled(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    await behave(mock_provider, run_s=30.0)
+    tag = uuid.uuid4().hex[:8]
+    jobs = [await submit(batching, f"all cancelled {i} {tag}") for i in range(2)]
+    for job_id in jobs:
+        await eventually(
+            lambda job_id=job_id: batching.job(job_id), lambda j: j["state"] == "running"
+        )
+        assert (await batching.http.post(f"/v1/jobs/{job_id}/cancel")).status_code == 202
+    for job_id in jobs:
+        assert (await batching.settled(job_id))["state"] == "cancelled"
+
+    async def provider_status() -> str:
+        listed = await mock_provider.http.get("/v1/batches", headers={"Authorization": "Bearer k"})
+        [batch] = [
+            b
+            for b in listed.json()["data"]
+            if b["metadata"]
+            and b["metadata"].get("promptjobs_batch") == await batch_of(batching, jobs[0])
+        ]
+        return str(batch["status"])
+
+    assert await eventually(provider_status, lambda s: s == "cancelled", timeout=10)
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert seen == [], "no line ran"
+
+
+async def batch_of(stack: Stack, job_id: str) -> str:
+    async with stack.projection.sessions() as session:
+        deferred = await session.get(DeferredJob, job_id)
+    assert deferred is not None and deferred.batch_id is not None
+    return deferred.batch_id
