@@ -1,0 +1,212 @@
+"""Provider batches on real processes (issue 33): a burst of deferrable jobs becomes a
+handful of provider batches and no direct call; a worker SIGKILLed mid-batch and a Temporal
+restart mid-batch lose nothing and send nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from projections.domain.lifecycle import JobState
+from projections.models import Attempt, Job, ProviderBatch
+from promptjobs.launch import DEV_SERVER_ARGS
+from promptjobs.runtime import temporal_cli
+from tests.conftest import (
+    MockProviderServer,
+    Stack,
+    eventually,
+    free_port,
+    provider_settings,
+    running_stack,
+)
+from tests.integration.processes import process_env, promptjobs_process, temporal_address
+from workflows import search_attributes
+
+pytestmark = pytest.mark.postgres
+
+
+async def behave(mock: MockProviderServer, **behaviour: Any) -> None:
+    (await mock.http.put("/mock/batches", json=behaviour)).raise_for_status()
+
+
+@pytest.fixture
+async def reset_batches(mock_provider: MockProviderServer) -> AsyncIterator[None]:
+    yield
+    await behave(mock_provider)
+
+
+def batch_settings(
+    tmp_path: Path, mock: MockProviderServer, database_url: str, address: str, **more: Any
+) -> Any:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "temporal_address": address,
+        "default_provider": "openai",
+        "heartbeat_timeout_s": 2.0,
+        "batch_max_wait_s": 0.5,
+        "batch_poll_s": 0.3,
+    }
+    return provider_settings(tmp_path, mock, **{**values, **more})
+
+
+def worker_env(settings: Any) -> dict[str, str]:
+    """A `promptjobs worker`'s environment: the stack's, with the mock as `openai`."""
+    return process_env(
+        settings,
+        **{
+            name: getattr(settings, name)
+            for name in (
+                "openai_base_url",
+                "default_provider",
+                "batch_max_jobs",
+                "batch_max_wait_s",
+                "batch_poll_s",
+            )
+        },
+        openai_api_key="mock-key",
+    )
+
+
+async def submit_all(stack: Stack, prompts: list[str]) -> list[str]:
+    """Submit every prompt as a deferrable job, 20 at a time."""
+    ids: list[str] = []
+    for start in range(0, len(prompts), 20):
+        accepted = await asyncio.gather(
+            *(
+                stack.submit(prompt, options={"deferrable": True})
+                for prompt in prompts[start : start + 20]
+            )
+        )
+        ids.extend(str(a["job_id"]) for a in accepted)
+    return ids
+
+
+async def all_in(stack: Stack, job_ids: list[str], states: set[str], timeout: float) -> None:
+    """Wait until every job is in one of `states` (read from the rows: 500 GETs a poll would
+    load the machine more than the jobs do)."""
+
+    async def count() -> int:
+        query = select(func.count()).where(
+            Job.job_id.in_(job_ids), Job.state.in_([JobState(state) for state in states])
+        )
+        async with stack.projection.sessions() as session:
+            return int((await session.execute(query)).scalar() or 0)
+
+    await eventually(count, lambda n: n == len(job_ids), timeout=timeout, interval=0.5)
+
+
+async def sent_once(stack: Stack, mock: MockProviderServer, tag: str, jobs: int) -> set[str]:
+    """Each job reached the provider exactly once, in a provider batch, never directly; its
+    one attempt ran there. The provider batches, as the mock saw them."""
+    seen = [r for r in await mock.requests() if tag in r["prompt"]]
+    assert all(r.get("batch") for r in seen), "no direct call"
+    assert sorted(Counter(r["prompt"] for r in seen).values()) == [1] * jobs
+    async with stack.projection.sessions() as session:
+        attempts = await session.execute(
+            select(func.count(), func.max(Attempt.attempt)).where(
+                Attempt.via.like("provider batch %")
+            )
+        )
+        assert tuple(attempts.one()) == (jobs, 1)
+    return {str(r["batch"]) for r in seen}
+
+
+async def test_a_burst_of_500_deferrable_jobs_is_a_handful_of_provider_batches(
+    dev_server: WorkflowEnvironment,
+    fresh_pg_database: str,
+    tmp_path: Path,
+    mock_provider: MockProviderServer,
+    reset_batches: None,
+) -> None:
+    await behave(mock_provider, run_s=2.0)
+    settings = batch_settings(
+        tmp_path,
+        mock_provider,
+        fresh_pg_database,
+        temporal_address(dev_server),
+        batch_max_jobs=200,
+        batch_max_wait_s=3.0,
+    )
+    tag = uuid.uuid4().hex[:8]
+    async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        with promptjobs_process("worker", worker_env(settings), tmp_path / "procs"):
+            jobs = await submit_all(stack, [f"burst {i} {tag}" for i in range(500)])
+            await all_in(stack, jobs, {"succeeded"}, timeout=240)
+        batches = await sent_once(stack, mock_provider, tag, 500)
+        async with stack.projection.sessions() as session:
+            sizes = (await session.execute(select(ProviderBatch.jobs))).scalars().all()
+        # Full batches as the jobs come in, the rest once its oldest has waited: 3 if the
+        # burst arrives within the wait, a few more on a slow machine.
+        assert len(batches) == len(sizes) <= 5, sizes
+        assert sum(sizes) == 500 and max(sizes) <= 200, sizes
+
+
+async def test_a_worker_killed_mid_batch_loses_nothing_and_sends_nothing_twice(
+    dev_server: WorkflowEnvironment,
+    fresh_pg_database: str,
+    tmp_path: Path,
+    mock_provider: MockProviderServer,
+    reset_batches: None,
+) -> None:
+    await behave(mock_provider, run_s=6.0)
+    settings = batch_settings(
+        tmp_path, mock_provider, fresh_pg_database, temporal_address(dev_server)
+    )
+    tag = uuid.uuid4().hex[:8]
+    procs = tmp_path / "procs"
+    async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        with promptjobs_process("worker", worker_env(settings), procs) as first:
+            jobs = await submit_all(stack, [f"killed {i} {tag}" for i in range(20)])
+            await all_in(stack, jobs, {"running"}, timeout=60)
+            first.kill()  # SIGKILL, while the provider runs the batch
+        with promptjobs_process("worker", worker_env(settings), procs):
+            await all_in(stack, jobs, {"succeeded"}, timeout=90)
+        assert len(await sent_once(stack, mock_provider, tag, 20)) == 1
+
+
+async def test_a_temporal_restart_mid_batch_loses_nothing_and_sends_nothing_twice(
+    fresh_pg_database: str,
+    tmp_path: Path,
+    mock_provider: MockProviderServer,
+    reset_batches: None,
+) -> None:
+    port = free_port()
+    database = tmp_path / "temporal.db"
+
+    async def start_temporal() -> WorkflowEnvironment:
+        return await WorkflowEnvironment.start_local(
+            port=port,
+            search_attributes=search_attributes.ALL,
+            dev_server_existing_path=temporal_cli(),
+            dev_server_database_filename=str(database),
+            dev_server_extra_args=DEV_SERVER_ARGS,
+            dev_server_log_level="error",
+        )
+
+    await behave(mock_provider, run_s=8.0)
+    address = f"127.0.0.1:{port}"
+    settings = batch_settings(tmp_path, mock_provider, fresh_pg_database, address)
+    tag = uuid.uuid4().hex[:8]
+    env = await start_temporal()
+    try:
+        client = await Client.connect(address, lazy=True)
+        async with running_stack(settings, client, run_worker=False) as stack:
+            with promptjobs_process("worker", worker_env(settings), tmp_path / "procs"):
+                jobs = await submit_all(stack, [f"restarted {i} {tag}" for i in range(20)])
+                await all_in(stack, jobs, {"running"}, timeout=60)
+                await env.shutdown()
+                await asyncio.sleep(2)
+                env = await start_temporal()
+                await all_in(stack, jobs, {"succeeded"}, timeout=120)
+            assert len(await sent_once(stack, mock_provider, tag, 20)) == 1
+    finally:
+        await env.shutdown()
