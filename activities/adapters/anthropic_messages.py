@@ -3,13 +3,16 @@ failures classified."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from functools import cached_property
+from typing import Any
 
 import anthropic
 from anthropic.types import MessageParam
-from pydantic import BaseModel, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
+from activities.adapters.batch import BatchStatus, BatchUnsupported, LineResult
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
@@ -175,10 +178,26 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
             max_retries=0,
         )
 
-    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+    def params(self, request: AdapterRequest) -> dict[str, Any]:
+        """The Messages request the job makes (without `stream`): one call's, or one
+        request's of a message batch."""
         options = self.options(request.options)
         messages: list[MessageParam] = [{"role": "user", "content": request.prompt}]
-        model = options.model or self.model
+        params: dict[str, Any] = {
+            "model": options.model or self.model,
+            "max_tokens": options.max_tokens or self.max_tokens,
+            "messages": messages,
+        }
+        if options.system:
+            params["system"] = options.system
+        return params
+
+    def batches(self) -> AnthropicBatches:
+        return AnthropicBatches(self)
+
+    async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
+        params = self.params(request)
+        model = str(params["model"])
         client = self.client
         answer = StreamedAnswer()
         started = output.call_begins()
@@ -187,13 +206,7 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
                 streamed_call(self.name, self.timeout_s),
                 # Leaving the block closes the response, and with it the connection, however
                 # it is left: a failure, or the activity's cancellation.
-                client.messages.with_streaming_response.create(
-                    model=model,
-                    max_tokens=options.max_tokens or self.max_tokens,
-                    messages=messages,
-                    system=options.system or anthropic.omit,
-                    stream=True,
-                ) as raw,
+                client.messages.with_streaming_response.create(**params, stream=True) as raw,
             ):
                 request_id = raw.headers.get("request-id")
                 output.answered_with(raw.headers)
@@ -213,3 +226,116 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
             request_id=request_id,
             started=started,
         )
+
+
+class _Block(BaseModel):
+    type: str
+    text: str | None = None
+
+
+class WholeMessage(BaseModel):
+    """The fields of a whole (unstreamed) message we read: a batch request's answer."""
+
+    id: str | None = None
+    model: str | None = None
+    content: list[_Block] = Field(default_factory=list)
+    stop_reason: str | None = None
+    usage: _Usage | None = None
+
+
+class _ErrorDetail(BaseModel):
+    type: str = "api_error"
+    message: str = ""
+
+
+class _ErrorBody(BaseModel):
+    error: _ErrorDetail = Field(default_factory=_ErrorDetail)
+
+
+class AnthropicBatches:
+    """Anthropic's Message Batches (activities/adapters/batch.py). A message batch carries no
+    metadata, so a batch sent before cannot be found by our id: `find` finds nothing, and
+    the send's record (right after the provider's answer) is what keeps it from being sent
+    twice (docs/decisions.md)."""
+
+    def __init__(self, adapter: AnthropicMessagesAdapter) -> None:
+        self.adapter = adapter
+        self.name = adapter.name
+
+    def _failure(self, err: anthropic.AnthropicError) -> Exception:
+        if isinstance(err, anthropic.APIStatusError) and err.status_code in (404, 405):
+            return BatchUnsupported(
+                f"{self.name} at {self.adapter.base_url} has no message batches "
+                f"(HTTP {err.status_code} from {err.request.url.path})"
+            )
+        return classify(err, self.name)
+
+    async def find(self, tag: str) -> str | None:
+        return None
+
+    async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
+        requests: list[Any] = [
+            {"custom_id": line.job_id, "params": self.adapter.params(line)} for line in lines
+        ]
+        try:
+            batch = await self.adapter.client.messages.batches.create(requests=requests)
+        except anthropic.AnthropicError as err:
+            raise self._failure(err) from err
+        return batch.id
+
+    async def status(self, provider_batch_id: str) -> BatchStatus:
+        try:
+            batch = await self.adapter.client.messages.batches.retrieve(provider_batch_id)
+        except anthropic.AnthropicError as err:
+            raise classify(err, self.name) from err
+        ended = batch.processing_status == "ended"
+        counts = batch.request_counts
+        status: str = batch.processing_status
+        if ended and counts.expired:
+            status = "expired"
+        elif ended and counts.canceled:
+            status = "cancelled"
+        return BatchStatus(status, running=not ended, ended=ended)
+
+    async def cancel(self, provider_batch_id: str) -> None:
+        try:
+            await self.adapter.client.messages.batches.cancel(provider_batch_id)
+        except anthropic.AnthropicError as err:
+            raise classify(err, self.name) from err
+
+    async def results(self, provider_batch_id: str) -> AsyncIterator[LineResult]:
+        try:
+            entries = await self.adapter.client.messages.batches.results(provider_batch_id)
+            async for entry in entries:
+                yield self.line_result(entry.custom_id, entry.result.model_dump())
+        except anthropic.AnthropicError as err:
+            raise classify(err, self.name) from err
+
+    def line_result(self, custom_id: str, result: dict[str, Any]) -> LineResult:
+        kind = result.get("type")
+        if kind == "succeeded":
+            try:
+                message = WholeMessage.model_validate(result.get("message") or {})
+            except ValidationError:
+                failure = AdapterError(ErrorKind.PARSE, f"{self.name}: unreadable message")
+                return LineResult(custom_id, error=failure)
+            usage = message.usage or _Usage()
+            text = "".join(block.text or "" for block in message.content if block.type == "text")
+            return LineResult(
+                custom_id,
+                result=AttemptResult(
+                    text=text,
+                    provider=self.name,
+                    model=(message.model or self.adapter.model)[:128],
+                    provider_request_id=message.id[:255] if message.id else None,
+                    finish_reason=message.stop_reason[:64] if message.stop_reason else None,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                ),
+            )
+        if kind == "errored":
+            body = _ErrorBody.model_validate(result.get("error") or {})
+            status = STREAM_ERRORS.get(body.error.type, 500)
+            failure = status_failure(self.name, status, {}, body.error.message, None)
+            return LineResult(custom_id, error=failure)
+        return LineResult(custom_id)  # canceled, expired: never run

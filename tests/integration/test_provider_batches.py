@@ -28,6 +28,10 @@ PRICES = """
 [models."gpt-batch*"]
 input = 1.0
 output = 4.0
+
+[models."claude-batch*"]
+input = 2.0
+output = 8.0
 """
 
 
@@ -50,6 +54,7 @@ async def batching(
         database_url=database_url,
         default_provider="openai",
         openai_model="gpt-batch-1",
+        anthropic_model="claude-batch-1",
         prices_file=prices,
         batch_max_wait_s=1.0,
         batch_poll_s=0.3,
@@ -298,3 +303,30 @@ async def batch_of(stack: Stack, job_id: str) -> str:
         deferred = await session.get(DeferredJob, job_id)
     assert deferred is not None and deferred.batch_id is not None
     return deferred.batch_id
+
+
+async def test_anthropic_deferrable_jobs_run_as_a_message_batch(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    fine = [await submit(batching, f"claude {i} {tag}", provider="anthropic") for i in range(3)]
+    busy = await submit(batching, f"busy {tag} mock:fail=429", provider="anthropic")
+    invalid = await submit(batching, f"invalid {tag} mock:fail=400", provider="anthropic")
+
+    for job_id in fine:
+        assert (await batching.settled(job_id, timeout=30))["state"] == "succeeded"
+        [attempt] = await attempts(batching, job_id)
+        assert attempt["via"].startswith("provider batch") and "msgbatch_" in attempt["via"]
+        full = (attempt["input_tokens"] * 2.0 + attempt["output_tokens"] * 8.0) / 1e6
+        assert attempt["cost_usd"] == pytest.approx(full * 0.5)
+    job = await batching.settled(busy, timeout=30)
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    job = await batching.settled(invalid, timeout=30)
+    assert (job["state"], job["error_kind"]) == ("failed", "provider_4xx")
+
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    batched = [r for r in seen if r.get("batch")]
+    assert len(batched) == 5 and len({r["batch"] for r in batched}) == 1
+    assert [r["prompt"] for r in seen if not r.get("batch")] == [f"busy {tag} mock:fail=429"]
+    # The same answer as the mock gives the prompt directly (both APIs answer alike).
+    assert await output(batching, fine[0]) == await mock_provider.answer(f"claude 0 {tag}")
