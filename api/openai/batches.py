@@ -215,7 +215,11 @@ class BatchRunner:
                     "a batch line is neither background nor streamed: leave it out",
                 )
             return submission_of(
-                request, self.jobs.adapters, max_prompt_bytes=limits, max_attempts_default=attempts
+                request,
+                self.jobs.adapters,
+                max_prompt_bytes=limits,
+                max_attempts_default=attempts,
+                in_batch=True,
             )
         except ValidationError as err:
             first = err.errors()[0]

@@ -21,7 +21,7 @@ from projections.models import Job, Prompt, Response
 from projections.writes import Submission
 
 # Chat parameters that change nothing here: accepted and not kept.
-IGNORED = frozenset({"user", "safety_identifier", "prompt_cache_key", "service_tier", "store"})
+IGNORED = frozenset({"user", "safety_identifier", "prompt_cache_key", "store"})
 
 
 class ChatPart(BaseModel):
@@ -49,6 +49,8 @@ class ChatRequest(BaseModel):
     n: Annotated[int, Field(ge=1, le=1)] | None = None
     stream: StrictBool | None = None
     metadata: dict[StrictStr, StrictStr] | None = None
+    # "flex": the line runs as a deferrable job (CreateResponse.deferrable).
+    service_tier: StrictStr | None = None
     promptjobs: PromptjobsExtras = Field(default_factory=PromptjobsExtras)
 
     def submission(
@@ -79,6 +81,7 @@ class ChatRequest(BaseModel):
             max_output_tokens=self.max_completion_tokens or self.max_tokens,
             temperature=self.temperature,
             metadata=self.metadata,
+            service_tier=self.service_tier,
             promptjobs=self.promptjobs,
         )
         submission = submission_of(
@@ -86,6 +89,7 @@ class ChatRequest(BaseModel):
             adapters,
             max_prompt_bytes=max_prompt_bytes,
             max_attempts_default=max_attempts_default,
+            in_batch=True,
         )
         return submission
 
@@ -111,6 +115,6 @@ def chat_completion(prompt: Prompt, job: Job, answer: Response) -> dict[str, Any
             "completion_tokens": job.output_tokens,
             "total_tokens": job.input_tokens + job.output_tokens,
         },
-        "service_tier": "default",
+        "service_tier": "flex" if (job.options or {}).get("deferrable") else "default",
         "system_fingerprint": None,
     }

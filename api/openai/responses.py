@@ -27,7 +27,6 @@ IGNORED = frozenset(
         "user",
         "safety_identifier",
         "prompt_cache_key",
-        "service_tier",
         "truncation",
         "include",
         "stream_options",
@@ -72,13 +71,16 @@ def submission_of(
     max_prompt_bytes: int,
     max_attempts_default: int,
     idempotency_key: str | None = None,
+    in_batch: bool = False,
 ) -> Submission:
-    """The prompt a create (or a batch's line) submits; raises UnsupportedParameter or
-    InvalidOptions for what cannot be run."""
+    """The prompt a create (or a batch's line, `in_batch`) submits; raises
+    UnsupportedParameter or InvalidOptions for what cannot be run."""
     body.check_supported()
     text, system = body.prompt_and_system()
     check_size(text, system, max_prompt_bytes)
     options = body.options(adapters, system)
+    if body.deferrable(in_batch=in_batch):
+        options["deferrable"] = True
     parse_options(PromptOptions, options, "promptjobs.options")
     adapters.validate(options)
     return Submission(
@@ -145,7 +147,14 @@ class CreateResponse(BaseModel):
     background: StrictBool | None = None
     stream: StrictBool | None = None
     store: StrictBool | None = None
+    service_tier: StrictStr | None = None
     promptjobs: PromptjobsExtras = Field(default_factory=PromptjobsExtras)
+
+    def deferrable(self, *, in_batch: bool) -> bool:
+        """`service_tier: "flex"` asks for the slower, cheaper tier: a background response or
+        a batch's line runs as a deferrable job, in a provider batch where its provider has
+        one (docs/openai.md); a response its caller waits or streams for runs directly."""
+        return self.service_tier == "flex" and (in_batch or bool(self.background))
 
     def check_supported(self) -> None:
         for name, value in (self.model_extra or {}).items():
@@ -321,6 +330,7 @@ def response_object(
         "parallel_tool_calls": False,
         "previous_response_id": None,
         "reasoning": None,
+        "service_tier": "flex" if (options or {}).get("deferrable") else "default",
         "store": True,
         "temperature": (options or {}).get("temperature"),
         "text": {"format": {"type": "text"}},

@@ -5,12 +5,15 @@ sent back to run directly where the batch did not run them."""
 
 from __future__ import annotations
 
+import io
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from sqlalchemy import select
 from temporalio.testing import WorkflowEnvironment
 
@@ -330,3 +333,59 @@ async def test_anthropic_deferrable_jobs_run_as_a_message_batch(
     assert [r["prompt"] for r in seen if not r.get("batch")] == [f"busy {tag} mock:fail=429"]
     # The same answer as the mock gives the prompt directly (both APIs answer alike).
     assert await output(batching, fine[0]) == await mock_provider.answer(f"claude 0 {tag}")
+
+
+async def test_flex_through_the_openai_front_door_runs_in_a_provider_batch(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    """`service_tier: "flex"` on a background response, or on a batch's line, makes the job
+    deferrable; a response its caller waits for runs directly (and says `default`)."""
+    client = AsyncOpenAI(
+        base_url=f"{batching.base_url}/v1", api_key=batching.api_key, max_retries=0
+    )
+    tag = uuid.uuid4().hex[:8]
+    flex = await client.responses.create(
+        model="gpt-batch-1", input=f"flex {tag}", background=True, service_tier="flex"
+    )
+    assert flex.service_tier == "flex"
+    waited = await client.responses.create(
+        model="gpt-batch-1", input=f"waited {tag}", service_tier="flex"
+    )
+    assert (waited.status, waited.service_tier) == ("completed", "default")
+
+    line = {
+        "custom_id": "line-1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "gpt-batch-1",
+            "messages": [{"role": "user", "content": f"line {tag}"}],
+            "service_tier": "flex",
+        },
+    }
+    uploaded = await client.files.create(
+        file=("lines.jsonl", io.BytesIO((json.dumps(line) + "\n").encode())), purpose="batch"
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    done = await eventually(
+        lambda: client.responses.retrieve(flex.id), lambda r: r.status == "completed", timeout=30
+    )
+    assert done.output_text
+    finished = await eventually(
+        lambda: client.batches.retrieve(batch.id), lambda b: b.status == "completed", timeout=30
+    )
+    assert finished.output_file_id is not None
+    [row] = [
+        json.loads(x)
+        for x in (await client.files.content(finished.output_file_id)).text.splitlines()
+    ]
+    assert row["response"]["body"]["service_tier"] == "flex"
+
+    seen = {
+        r["prompt"]: r.get("batch") for r in await mock_provider.requests() if tag in r["prompt"]
+    }
+    assert seen[f"flex {tag}"] and seen[f"line {tag}"], "both ran in a provider batch"
+    assert seen[f"waited {tag}"] is None, "the waited-for response ran directly"
