@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -114,6 +114,29 @@ class ProviderBatches:
             return made
 
         return await self.writes.run(write)
+
+    async def recent(self, limit: int) -> list[ProviderBatch]:
+        """The newest batches first (the operator's view)."""
+        stmt = (
+            select(ProviderBatch)
+            .order_by(ProviderBatch.created_at.desc(), ProviderBatch.batch_id.desc())
+            .limit(limit)
+        )
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def waiting(self) -> list[tuple[str, str, int]]:
+        """(provider, model, jobs) of the deferrable jobs not yet gathered into a batch."""
+        stmt = (
+            select(DeferredJob.provider, DeferredJob.model, func.count())
+            .join(Job, Job.job_id == DeferredJob.job_id)
+            .where(DeferredJob.batch_id.is_(None), Job.state == JobState.QUEUED)
+            .group_by(DeferredJob.provider, DeferredJob.model)
+            .order_by(DeferredJob.provider, DeferredJob.model)
+        )
+        async with self.sessions() as session:
+            rows = (await session.execute(stmt)).all()
+        return [(str(provider), str(model), int(count)) for provider, model, count in rows]
 
     async def unstarted(self, older_than_s: float) -> list[ProviderBatch]:
         """Batches whose workflow was never started (the claiming process died before it

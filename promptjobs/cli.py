@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from activities.prices import InvalidPrices
 from projections.db import StoreUnavailable, database_error
-from promptjobs import cli_budgets, cli_jobs, cli_orgs
+from promptjobs import cli_batches, cli_budgets, cli_jobs, cli_orgs
 from promptjobs.console import CliError, iso, run
 from promptjobs.launch import (
     DevStack,
@@ -309,6 +309,7 @@ def history_export(
 cli_jobs.register(app)
 cli_orgs.register(app)
 cli_budgets.register(app)
+cli_batches.register(app)
 
 
 def main() -> None:

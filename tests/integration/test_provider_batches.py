@@ -22,6 +22,7 @@ from projections.models import DeferredJob, JobEvent
 from tests.conftest import (
     MockProviderServer,
     Stack,
+    cli_json,
     eventually,
     provider_settings,
     running_stack,
@@ -128,6 +129,12 @@ async def test_deferrable_jobs_run_as_one_provider_batch_at_the_batch_price(
     assert attempt["cost_usd"] == pytest.approx(full * 0.5)
     assert (await batching.job(jobs[0]))["cost_usd"] == pytest.approx(full * 0.5)
     assert await states(batching, jobs[0]) == ["queued", "running", "succeeded"]
+
+    # What the operator sees of it.
+    listed = await cli_json(batching, "provider-batches", "list")
+    [batch] = [b for b in listed["batches"] if b["provider_batch_id"] == seen[0]["batch"]]
+    assert (batch["jobs"], batch["state"], batch["provider_status"]) == (5, "ended", "completed")
+    assert listed["waiting"] == []
 
 
 async def test_each_line_fails_as_a_direct_call_would(
