@@ -38,6 +38,7 @@ from activities.errors import AdapterError
 from activities.job_activities import wake
 from activities.outages import through_outages
 from activities.prices import PriceTable
+from projections import metrics
 from projections.domain.lifecycle import (
     BackoffPolicy,
     End,
@@ -68,8 +69,10 @@ class BatchActivities:
         adapters: AdapterRegistry,
         backoff: BackoffPolicy,
         prices: PriceTable,
+        metrics_org_labels: bool = False,
     ) -> None:
         self.store = store
+        self.metrics_org_labels = metrics_org_labels
         self.batches = store.provider_batches
         self.adapters = adapters
         self.backoff = backoff
@@ -214,19 +217,27 @@ class BatchActivities:
         api = self._api(batch)
         assert api is not None and batch.provider_batch_id is not None, batch.batch_id
         members = {m.job.job_id: m for m in await self.batches.members(batch.batch_id)}
-        lines: dict[str, LineResult] = {}
-        async for line in api.results(batch.provider_batch_id):
-            if line.custom_id in members:
-                lines.setdefault(line.custom_id, line)
         report = BatchSettled()
-        for done, (job_id, member) in enumerate(members.items()):
-            verdict = await self._verdict(batch, member, lines.get(job_id, LineResult(job_id)))
+        done: set[str] = set()
+
+        async def settle(member: Member, line: LineResult) -> None:
+            done.add(member.job.job_id)
+            verdict = await self._verdict(batch, member, line)
             await self._tell(member, verdict)
             if verdict.settled:
                 report.settled += 1
             else:
                 report.direct += 1
-            activity.heartbeat(done)
+            activity.heartbeat(len(done))
+
+        # As the lines come: a batch's results are never held whole.
+        async for line in api.results(batch.provider_batch_id):
+            member = members.get(line.custom_id)
+            if member is not None and line.custom_id not in done:
+                await settle(member, line)
+        for job_id, member in members.items():
+            if job_id not in done:
+                await settle(member, LineResult(job_id))
         await self.batches.update(batch.batch_id, state="ended", ended_at=datetime.now(UTC))
         return report
 
@@ -247,9 +258,8 @@ class BatchActivities:
             if line.result is not None or line.error is not None:
                 # The tokens were spent all the same: record them (the row stays as it is).
                 attempt = member.deferred.attempt or job.attempt + 1
-                await self.store.projector.end_attempt(
-                    None, self._usage(batch, member, attempt, line)
-                )
+                usage = self._usage(batch, member, attempt, line)
+                await self.store.projector.end_attempt(None, self._count(usage))
         elif line.result is None and line.error is None:
             verdict = await self._not_run(batch, member)
         else:
@@ -262,6 +272,11 @@ class BatchActivities:
                 verdict = await self._failed(batch, member, attempt, line)
         await self.batches.record(job.job_id, verdict=asdict(verdict))
         return verdict
+
+    def _count(self, usage: AttemptUsage) -> AttemptUsage:
+        """Count the usage in the metrics, as a direct attempt's is."""
+        metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
+        return usage
 
     def _usage(
         self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
@@ -305,7 +320,7 @@ class BatchActivities:
     ) -> BatchVerdict:
         assert line.result is not None
         job_id = member.job.job_id
-        usage = self._usage(batch, member, attempt, line)
+        usage = self._count(self._usage(batch, member, attempt, line))
         result = replace(
             line.result,
             input_tokens=usage.input_tokens,
@@ -339,7 +354,7 @@ class BatchActivities:
         err = line.error
         assert err is not None
         job = member.job
-        usage = self._usage(batch, member, attempt, line)
+        usage = self._count(self._usage(batch, member, attempt, line))
         message = f"{err.message} (in {via_batch(batch)})"
         via = f"{DIRECTLY}: its line in {via_batch(batch)} failed ({err.kind.value})"
         if err.kind is ErrorKind.RATE_LIMIT:

@@ -93,6 +93,10 @@ class ProviderBatches:
         """Claim the waiting jobs of each provider and model as batches of up to `max_jobs`,
         oldest first: a full batch at once, a smaller one once its oldest job has waited
         `max_wait_s`. Jobs settled meanwhile (cancelled) are dropped, never sent."""
+        anyone = select(DeferredJob.job_id).where(DeferredJob.batch_id.is_(None)).limit(1)
+        async with self.sessions() as session:
+            if (await session.execute(anyone)).first() is None:
+                return []  # nothing waits: no write transaction
 
         def write(tx: WriteTx) -> list[ProviderBatch]:
             now = utcnow()
