@@ -55,6 +55,8 @@ from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
 DIRECTLY = "deferrable, run directly"
+# The provider status of a batch the provider no longer answers for (HTTP 404 and the like).
+LOST = "lost"
 
 
 def via_batch(batch: ProviderBatch) -> str:
@@ -179,7 +181,15 @@ class BatchActivities:
         batch = await self.batches.get(ref.batch_id)
         api = self._api(batch)
         assert api is not None and batch.provider_batch_id is not None, batch.batch_id
-        status = await api.status(batch.provider_batch_id)
+        try:
+            status = await api.status(batch.provider_batch_id)
+        except AdapterError as err:
+            if err.kind.is_retryable:
+                raise  # asked again, by the workflow's retry policy
+            # The provider no longer has it (deleted, another key): its jobs run directly.
+            activity.logger.warning("provider batch %s lost: %s", batch.batch_id, err)
+            await self.batches.update(batch.batch_id, provider_status=LOST, note=str(err)[:500])
+            return BatchPoll(LOST, ended=True)
         members = await self.batches.members(batch.batch_id)
         if not status.ended and members and all(m.job.state.is_terminal for m in members):
             await api.cancel(batch.provider_batch_id)
@@ -231,10 +241,17 @@ class BatchActivities:
             activity.heartbeat(len(done))
 
         # As the lines come: a batch's results are never held whole.
-        async for line in api.results(batch.provider_batch_id):
-            member = members.get(line.custom_id)
-            if member is not None and line.custom_id not in done:
-                await settle(member, line)
+        try:
+            if batch.provider_status != LOST:
+                async for line in api.results(batch.provider_batch_id):
+                    member = members.get(line.custom_id)
+                    if member is not None and line.custom_id not in done:
+                        await settle(member, line)
+        except AdapterError as err:
+            if err.kind.is_retryable:
+                raise
+            # Its results cannot be had: what was not settled runs directly.
+            activity.logger.warning("provider batch %s: no results: %s", batch.batch_id, err)
         for job_id, member in members.items():
             if job_id not in done:
                 await settle(member, LineResult(job_id))
@@ -391,7 +408,10 @@ class BatchActivities:
         """The provider ended the batch without running the line (expired, cancelled): the
         job runs directly now, and the batch's attempt, if it began one, is not charged."""
         job = member.job
-        why = f"{via_batch(batch)} ended {batch.provider_status or 'early'} without running it"
+        ended = "was lost at the provider" if batch.provider_status == LOST else "ended"
+        why = f"{via_batch(batch)} {ended} without running it"
+        if batch.provider_status not in (None, LOST):
+            why = f"{via_batch(batch)} ended {batch.provider_status} without running it"
         if job.state is not JobState.RUNNING:
             return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {why}")
         requeue = Transition(

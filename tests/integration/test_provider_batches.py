@@ -396,3 +396,24 @@ async def test_flex_through_the_openai_front_door_runs_in_a_provider_batch(
     }
     assert seen[f"flex {tag}"] and seen[f"line {tag}"], "both ran in a provider batch"
     assert seen[f"waited {tag}"] is None, "the waited-for response ran directly"
+
+
+async def test_a_batch_the_provider_loses_sends_its_jobs_to_run_directly(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    await behave(mock_provider, run_s=30.0)
+    tag = uuid.uuid4().hex[:8]
+    jobs = [await submit(batching, f"lost {i} {tag}") for i in range(2)]
+    for job_id in jobs:
+        await eventually(
+            lambda job_id=job_id: batching.job(job_id), lambda j: j["state"] == "running"
+        )
+    # The provider forgets every batch: reading this one is a 404 from now on.
+    (await mock_provider.http.post("/mock/reset")).raise_for_status()
+    await behave(mock_provider, run_s=30.0)
+    for job_id in jobs:
+        job = await batching.settled(job_id, timeout=30)
+        assert (job["state"], job["attempt"]) == ("succeeded", 2)
+        first, second = await attempts(batching, job_id)
+        assert first["outcome"] == "timeout" and first["via"].startswith("provider batch")
+        assert "was lost at the provider without running it" in second["via"]
