@@ -18,7 +18,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.adapters.base import AdapterRegistry, InvalidOptions
+from activities.adapters.base import AdapterRegistry, AdapterRequest, InvalidOptions
 from activities.adapters.batch import BatchAPI, BatchUnsupported, LineResult, batch_api_of
 from activities.attempt import adapter_request
 from activities.budgets import estimate_tokens
@@ -57,6 +57,15 @@ from projections.streams import AttemptUsage, OutputBatch
 DIRECTLY = "deferrable, run directly"
 # The provider status of a batch the provider no longer answers for (HTTP 404 and the like).
 LOST = "lost"
+# A batch's requests at most, in bytes: under OpenAI's 200 MB input file and Anthropic's
+# 256 MB batch request. The jobs past it wait for the next batch.
+BATCH_BYTES = 180 * 2**20
+
+
+def request_bytes(request: AdapterRequest) -> int:
+    """About what one line of a batch takes: its text, its system text and the rest."""
+    system = str(request.options.get("system") or "")
+    return len(request.prompt.encode()) + len(system.encode()) + 512
 
 
 def via_batch(batch: ProviderBatch) -> str:
@@ -148,10 +157,29 @@ class BatchActivities:
                         ended_at=datetime.now(UTC),
                     )
                     return BatchSent(empty=True)
-                requests = [
-                    await adapter_request(self.store, m.job, m.prompt, m.job.attempt + 1)
-                    for m in members
-                ]
+                requests: list[AdapterRequest] = []
+                left: list[str] = []
+                size = 0
+                for member in members:
+                    request = await adapter_request(
+                        self.store, member.job, member.prompt, member.job.attempt + 1
+                    )
+                    try:
+                        self.adapters.validate(request.options)
+                    except InvalidOptions as err:
+                        # Its own call fails it, as `provider_4xx`, saying why.
+                        await self._direct(member, f"{DIRECTLY}: {err}")
+                        continue
+                    size += request_bytes(request)
+                    if size > BATCH_BYTES and requests:
+                        left.append(member.job.job_id)
+                        continue
+                    requests.append(request)
+                if left:
+                    # Past the providers' size limit: back to be gathered into the next batch.
+                    await self.batches.release(batch.batch_id, left)
+                if not requests:
+                    return await self._unsent(batch, "ended", "no job of it can run")
                 found = await api.submit(batch.batch_id, batch.model, requests)
         except BatchUnsupported as err:
             return await self._unsent(batch, "unsupported", str(err))
@@ -168,11 +196,16 @@ class BatchActivities:
         """The batch is not sent: its jobs run directly, saying why."""
         activity.logger.warning("provider batch %s not sent: %s", batch.batch_id, why)
         await self.batches.update(batch.batch_id, state=state, note=why, ended_at=datetime.now(UTC))
-        direct = f"{DIRECTLY}: {why}"
         for member in await self.batches.members(batch.batch_id):
-            verdict = BatchVerdict(False, member.job.state, member.job.attempt, via=direct)
-            await self._tell(member, verdict)
+            if member.deferred.verdict is None:
+                await self._direct(member, f"{DIRECTLY}: {why}")
         return BatchSent(direct=why)
+
+    async def _direct(self, member: Member, via: str) -> None:
+        """The job runs directly, its batch not having sent it: kept and told."""
+        verdict = BatchVerdict(False, member.job.state, member.job.attempt, via=via)
+        await self.batches.record(member.job.job_id, verdict=asdict(verdict))
+        await self._tell(member, verdict)
 
     @activity.defn(name="poll_provider_batch")
     async def poll_provider_batch(self, ref: ProviderBatchRef) -> BatchPoll:

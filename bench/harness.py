@@ -495,3 +495,36 @@ async def wait_for_pollers(
             return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"no worker polled {task_queue} within {timeout} s")
+
+
+# -- the mock provider ----------------------------------------------------------------------
+
+
+def start_mock_provider(args: Sequence[str]) -> tuple[subprocess.Popen[bytes], str]:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [sys.executable, "-m", "promptjobs", "mock-provider", "--port", str(port), *args]
+    with (LOGS / "mock-provider.log").open("wb") as log:
+        mock = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    return mock, f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def mock_provider(*args: str) -> AsyncIterator[str]:
+    """`promptjobs mock-provider` (with `args`, e.g. `--rpm 60`) on a free port, until the
+    block ends: its base URL."""
+    mock, url = start_mock_provider(args)
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            for _ in range(200):
+                try:
+                    (await http.get("/mock/requests")).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError(f"the mock provider did not answer at {url}")
+        yield url
+    finally:
+        mock.terminate()
+        mock.wait(10)

@@ -13,8 +13,6 @@ show what a batch costs in time, and that nothing runs directly.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +25,7 @@ from bench.harness import (
     Report,
     args,
     bench_stack,
-    free_port,
+    mock_provider,
     service,
     target,
     wait_for_pollers,
@@ -41,27 +39,6 @@ TIMEOUT_S = 900
 PRICES = '[models."mock-model"]\ninput = 1.0\noutput = 4.0\n'
 
 
-def mock_process(port: int) -> subprocess.Popen[bytes]:
-    LOGS.mkdir(parents=True, exist_ok=True)
-    log = (LOGS / "mock-provider.log").open("wb")
-    return subprocess.Popen(
-        [sys.executable, "-m", "promptjobs", "mock-provider", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-async def wait_ready(url: str) -> None:
-    async with httpx.AsyncClient(base_url=url) as http:
-        for _ in range(200):
-            try:
-                (await http.get("/mock/requests")).raise_for_status()
-                return
-            except httpx.HTTPError:
-                await asyncio.sleep(0.05)
-    raise RuntimeError(f"the mock provider did not answer at {url}")
-
-
 async def cost(projection: Projection) -> float:
     async with projection.sessions() as session:
         total = await session.execute(select(func.sum(Job.cost_usd)))
@@ -69,11 +46,7 @@ async def cost(projection: Projection) -> float:
 
 
 async def run(deferrable: bool, prices: Path) -> dict[str, object]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    mock = mock_process(port)
-    try:
-        await wait_ready(url)
+    async with mock_provider() as url:
         env = {
             "PROMPTJOBS_OPENAI_BASE_URL": f"{url}/v1",
             "PROMPTJOBS_OPENAI_API_KEY": "mock",
@@ -102,18 +75,15 @@ async def run(deferrable: bool, prices: Path) -> dict[str, object]:
             spent = await cost(projection)
         async with httpx.AsyncClient(base_url=url) as admin:
             seen = (await admin.get("/mock/requests")).json()["requests"]
-        batched = Counter(r["batch"] for r in seen if r.get("batch"))
-        return {
-            "drain_s": done - began,
-            "states": dict(states),
-            "direct": sum(1 for r in seen if not r.get("batch")),
-            "lines": sum(batched.values()),
-            "batches": len(batched),
-            "cost": spent,
-        }
-    finally:
-        mock.terminate()
-        mock.wait(10)
+    batched = Counter(r["batch"] for r in seen if r.get("batch"))
+    return {
+        "drain_s": done - began,
+        "states": dict(states),
+        "direct": sum(1 for r in seen if not r.get("batch")),
+        "lines": sum(batched.values()),
+        "batches": len(batched),
+        "cost": spent,
+    }
 
 
 async def main() -> Report:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from bench.harness import (
     Args,
     Report,
     bench_stack,
-    free_port,
+    mock_provider,
     service,
     target,
     wait_for_pollers,
@@ -93,34 +92,18 @@ class Outcome:
     rate_limited: int
 
 
-def mock_process(port: int, case: Case) -> subprocess.Popen[bytes]:
-    LOGS.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "promptjobs", "mock-provider", "--port", str(port)]
+def mock_args(case: Case) -> list[str]:
+    """The mock's rate-limit mode for the case."""
+    args = []
     if case.rpm is not None:
         args += ["--rpm", str(case.rpm)]
     if case.tpm is not None:
         args += ["--tpm", str(case.tpm)]
-    log = (LOGS / "mock-provider.log").open("wb")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-
-
-async def wait_ready(url: str) -> None:
-    async with httpx.AsyncClient(base_url=url) as http:
-        for _ in range(200):
-            try:
-                (await http.get("/mock/limits")).raise_for_status()
-                return
-            except httpx.HTTPError:
-                await asyncio.sleep(0.05)
-    raise RuntimeError(f"the mock provider did not answer at {url}")
+    return args
 
 
 async def run_case(case: Case) -> Outcome:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    mock = mock_process(port, case)
-    try:
-        await wait_ready(url)
+    async with mock_provider(*mock_args(case)) as url:
         env = {
             "PROMPTJOBS_OPENAI_BASE_URL": f"{url}/v1",
             "PROMPTJOBS_OPENAI_API_KEY": "mock",
@@ -149,9 +132,6 @@ async def run_case(case: Case) -> Outcome:
         async with httpx.AsyncClient(base_url=url) as admin:
             seen = (await admin.get("/mock/limits")).json()
         return Outcome(done - began, states, int(seen["requests"]), int(seen["rate_limited"]))
-    finally:
-        mock.terminate()
-        mock.wait(10)
 
 
 async def main() -> Report:

@@ -180,6 +180,23 @@ class ProviderBatches:
 
         await self.writes.run(write)
 
+    async def release(self, batch_id: str, job_ids: list[str]) -> None:
+        """These jobs leave the batch (before it is sent) to be gathered into another."""
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(DEFERRED)
+                .where(DEFERRED.c.batch_id == batch_id, DEFERRED.c.job_id.in_(job_ids))
+                .values(batch_id=None)
+            )
+            tx.execute(
+                update(BATCHES)
+                .where(BATCHES.c.batch_id == batch_id)
+                .values(jobs=BATCHES.c.jobs - len(job_ids))
+            )
+
+        await self.writes.run(write)
+
     async def update(self, batch_id: str, **values: Any) -> None:
         def write(tx: WriteTx) -> None:
             tx.execute(update(BATCHES).where(BATCHES.c.batch_id == batch_id).values(**values))

@@ -14,10 +14,26 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
+from promptjobs.launch import DEV_SERVER_ARGS
+from promptjobs.runtime import temporal_cli
 from promptjobs.settings import Settings
 from tests.conftest import eventually, free_port
+from workflows import search_attributes
 
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
+
+
+async def temporal_on_disk(port: int, database: Path) -> WorkflowEnvironment:
+    """A dev server on `port` that keeps its state in `database`: stopped, it can be started
+    again with everything it had (a Temporal restart)."""
+    return await WorkflowEnvironment.start_local(
+        port=port,
+        search_attributes=search_attributes.ALL,
+        dev_server_existing_path=temporal_cli(),
+        dev_server_database_filename=str(database),
+        dev_server_extra_args=DEV_SERVER_ARGS,
+        dev_server_log_level="error",
+    )
 
 
 def temporal_address(env: WorkflowEnvironment) -> str:

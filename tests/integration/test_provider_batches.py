@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 from sqlalchemy import select
 from temporalio.testing import WorkflowEnvironment
 
+from activities import provider_batches
 from projections.domain.lifecycle import EventType
 from projections.models import DeferredJob, JobEvent
 from tests.conftest import (
@@ -37,6 +38,14 @@ output = 4.0
 input = 2.0
 output = 8.0
 """
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    """SQLite only: what these tests exercise goes through the projector alike on both
+    databases; the PostgreSQL paths (the gatherer's SKIP LOCKED claims among them) run in
+    test_provider_batches_recovery.py, on real processes."""
+    return f"sqlite:///{tmp_path / 'projection.db'}"
 
 
 async def behave(mock: MockProviderServer, **behaviour: Any) -> None:
@@ -417,3 +426,18 @@ async def test_a_batch_the_provider_loses_sends_its_jobs_to_run_directly(
         first, second = await attempts(batching, job_id)
         assert first["outcome"] == "timeout" and first["via"].startswith("provider batch")
         assert "was lost at the provider without running it" in second["via"]
+
+
+async def test_jobs_past_a_batchs_size_limit_wait_for_the_next_batch(
+    batching: Stack, mock_provider: MockProviderServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider batch stays under the providers' size limits (BATCH_BYTES, made tiny
+    here): a batch takes what fits, at least one job, and the rest go to the next."""
+    monkeypatch.setattr(provider_batches, "BATCH_BYTES", 600)
+    tag = uuid.uuid4().hex[:8]
+    jobs = [await submit(batching, f"sized {i} {tag}") for i in range(3)]
+    for job_id in jobs:
+        assert (await batching.settled(job_id, timeout=30))["state"] == "succeeded"
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert len(seen) == 3 and all(r.get("batch") for r in seen)
+    assert len({r["batch"] for r in seen}) == 3, "one job a batch"

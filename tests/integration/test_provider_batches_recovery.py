@@ -18,8 +18,6 @@ from temporalio.testing import WorkflowEnvironment
 
 from projections.domain.lifecycle import JobState
 from projections.models import Attempt, Job, ProviderBatch
-from promptjobs.launch import DEV_SERVER_ARGS
-from promptjobs.runtime import temporal_cli
 from tests.conftest import (
     MockProviderServer,
     Stack,
@@ -28,8 +26,12 @@ from tests.conftest import (
     provider_settings,
     running_stack,
 )
-from tests.integration.processes import process_env, promptjobs_process, temporal_address
-from workflows import search_attributes
+from tests.integration.processes import (
+    process_env,
+    promptjobs_process,
+    temporal_address,
+    temporal_on_disk,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -183,14 +185,7 @@ async def test_a_temporal_restart_mid_batch_loses_nothing_and_sends_nothing_twic
     database = tmp_path / "temporal.db"
 
     async def start_temporal() -> WorkflowEnvironment:
-        return await WorkflowEnvironment.start_local(
-            port=port,
-            search_attributes=search_attributes.ALL,
-            dev_server_existing_path=temporal_cli(),
-            dev_server_database_filename=str(database),
-            dev_server_extra_args=DEV_SERVER_ARGS,
-            dev_server_log_level="error",
-        )
+        return await temporal_on_disk(port, database)
 
     await behave(mock_provider, run_s=8.0)
     address = f"127.0.0.1:{port}"

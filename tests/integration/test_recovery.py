@@ -9,11 +9,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_output
 from projections.scope import Scope
-from promptjobs.launch import DEV_SERVER_ARGS
-from promptjobs.runtime import temporal_cli
 from tests.conftest import eventually, free_port, make_settings, new_worker, running_stack
-from tests.integration.processes import process_env, promptjobs_process, temporal_address
-from workflows import search_attributes
+from tests.integration.processes import (
+    process_env,
+    promptjobs_process,
+    temporal_address,
+    temporal_on_disk,
+)
 
 ALICE = Scope("acme", "alice", "member")
 
@@ -56,14 +58,7 @@ async def test_submission_while_temporal_is_down_runs_once_it_is_back(tmp_path: 
     address = f"127.0.0.1:{port}"
 
     async def start_temporal() -> WorkflowEnvironment:
-        return await WorkflowEnvironment.start_local(
-            port=port,
-            search_attributes=search_attributes.ALL,
-            dev_server_existing_path=temporal_cli(),
-            dev_server_database_filename=str(database),
-            dev_server_extra_args=DEV_SERVER_ARGS,
-            dev_server_log_level="error",
-        )
+        return await temporal_on_disk(port, database)
 
     # Create the namespace's data once, then take Temporal away.
     await (await start_temporal()).shutdown()
