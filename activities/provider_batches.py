@@ -223,21 +223,20 @@ class BatchActivities:
             activity.logger.warning("provider batch %s lost: %s", batch.batch_id, err)
             await self.batches.update(batch.batch_id, provider_status=LOST, note=str(err)[:500])
             return BatchPoll(LOST, ended=True)
-        members = await self.batches.members(batch.batch_id)
-        if not status.ended and members and all(m.job.state.is_terminal for m in members):
+        jobs = await self.batches.jobs(batch.batch_id)
+        if not status.ended and jobs and all(job.state.is_terminal for job, _ in jobs):
             await api.cancel(batch.provider_batch_id)
             activity.logger.info("provider batch %s: every job cancelled", batch.batch_id)
         elif status.running:
-            for member in members:
-                if member.job.state is JobState.QUEUED and member.deferred.attempt is None:
-                    await self._start(batch, member)
+            for job, deferred in jobs:
+                if job.state is JobState.QUEUED and deferred.attempt is None:
+                    await self._start(batch, job)
         if status.status != batch.provider_status:
             await self.batches.update(batch.batch_id, provider_status=status.status[:32])
         return BatchPoll(status.status, status.ended)
 
-    async def _start(self, batch: ProviderBatch, member: Member) -> int:
+    async def _start(self, batch: ProviderBatch, job: Job) -> int:
         """The job's attempt in the batch begins (its row `running`): the attempt's number."""
-        job = member.job
         started = await through_outages(
             "start attempt",
             lambda: self.store.projector.start_attempt(
@@ -314,7 +313,7 @@ class BatchActivities:
             verdict = await self._not_run(batch, member)
         else:
             attempt = (
-                job.attempt if job.state is JobState.RUNNING else await self._start(batch, member)
+                job.attempt if job.state is JobState.RUNNING else await self._start(batch, job)
             )
             if line.result is not None:
                 verdict = await self._succeeded(batch, member, attempt, line)

@@ -152,6 +152,16 @@ class ProviderBatches:
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 
+    async def unfinished(self) -> list[ProviderBatch]:
+        """Batches whose workflow was started and that are not over (gathered or sent): where
+        a lost workflow would be."""
+        stmt = select(ProviderBatch).where(
+            ProviderBatch.workflow_started.is_(True),
+            ProviderBatch.state.in_(("gathered", "sent")),
+        )
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
     async def get(self, batch_id: str) -> ProviderBatch:
         async with self.sessions() as session:
             batch = await session.get(ProviderBatch, batch_id)
@@ -171,6 +181,18 @@ class ProviderBatches:
         async with self.sessions() as session:
             rows = (await session.execute(stmt)).all()
         return [Member(job, prompt, deferred) for job, prompt, deferred in rows]
+
+    async def jobs(self, batch_id: str) -> list[tuple[Job, DeferredJob]]:
+        """The batch's jobs without their prompts (what a poll needs: a batch's prompts may
+        be large, and it is polled every minute for up to a day)."""
+        stmt = (
+            select(Job, DeferredJob)
+            .join(DeferredJob, DeferredJob.job_id == Job.job_id)
+            .where(DeferredJob.batch_id == batch_id)
+            .order_by(DeferredJob.deferred_at, DeferredJob.job_id)
+        )
+        async with self.sessions() as session:
+            return [(job, deferred) for job, deferred in (await session.execute(stmt)).all()]
 
     async def record(self, job_id: str, **values: Any) -> None:
         """Keep what the batch did with one of its jobs (DeferredJob.attempt, .verdict)."""

@@ -441,3 +441,22 @@ async def test_jobs_past_a_batchs_size_limit_wait_for_the_next_batch(
     seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
     assert len(seen) == 3 and all(r.get("batch") for r in seen)
     assert len({r["batch"] for r in seen}) == 3, "one job a batch"
+
+
+async def test_a_batch_whose_workflow_was_terminated_goes_on_without_sending_twice(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    await behave(mock_provider, run_s=5.0)
+    tag = uuid.uuid4().hex[:8]
+    jobs = [await submit(batching, f"terminated {i} {tag}") for i in range(2)]
+    for job_id in jobs:
+        await eventually(
+            lambda job_id=job_id: batching.job(job_id), lambda j: j["state"] == "running"
+        )
+    batch_id = await batch_of(batching, jobs[0])
+    await batching.client.get_workflow_handle(batch_id).terminate("an operator's mistake")
+    for job_id in jobs:
+        job = await batching.settled(job_id, timeout=30)
+        assert (job["state"], job["attempt"]) == ("succeeded", 1)
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert len(seen) == 2 and len({r["batch"] for r in seen}) == 1
