@@ -67,6 +67,17 @@ class ProviderBatches:
         def write(tx: WriteTx) -> DeferredJob:
             dialect_insert = pg_insert if tx.postgresql else sqlite_insert
             tx.execute(dialect_insert(DEFERRED).on_conflict_do_nothing(), row)
+            # Why it waits, on its row (as a wait for provider capacity says it); its start
+            # clears it.
+            tx.execute(
+                update(JOBS)
+                .where(JOBS.c.job_id == job.job_id, JOBS.c.state == JobState.QUEUED)
+                .values(
+                    waiting_for=f"deferrable: waiting for a provider batch of {provider}/{model}"[
+                        :1000
+                    ]
+                )
+            )
             kept = tx.execute(select(DEFERRED).where(DEFERRED.c.job_id == job.job_id)).one()
             return DeferredJob(**kept._mapping)
 

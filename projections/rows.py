@@ -62,7 +62,7 @@ class JobRow(BaseModel):
         default=None,
         description="Why a queued job waits for provider capacity (its provider budget is "
         "spent for the minute, or paused by the provider's 429), with `next_attempt_at` when "
-        "room is expected; null once it runs",
+        "room is expected, or for its provider batch (a deferrable job); null once it runs",
     )
     response_id: str | None
     supersedes: str | None

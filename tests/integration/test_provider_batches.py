@@ -255,7 +255,14 @@ async def test_a_deferrable_job_outlives_the_ordinary_ceiling(
     )
     async with running_stack(settings, dev_server.client) as stack:
         job_id = await submit(stack, f"slow to gather {uuid.uuid4().hex[:8]}")
+        # While it waits to be gathered, its row says so.
+        waiting = await eventually(lambda: stack.job(job_id), lambda j: j["waiting_for"])
+        assert waiting["state"] == "queued"
+        assert waiting["waiting_for"] == (
+            "deferrable: waiting for a provider batch of openai/gpt-5.4-mini"
+        )
         job = await stack.settled(job_id, timeout=30)
+        assert job["waiting_for"] is None
         assert job["state"] == "succeeded", job
         [attempt] = await attempts(stack, job_id)
         assert attempt["via"].startswith("provider batch")
