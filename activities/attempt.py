@@ -43,7 +43,7 @@ from activities.outages import through_outages
 from activities.output import AttemptStream, OutputStreams
 from activities.prices import PriceTable
 from projections import metrics
-from projections.budgets import Draw, budget_name
+from projections.budgets import Draw
 from projections.domain.chains import substitute
 from projections.domain.lifecycle import (
     AttemptResult,
@@ -230,6 +230,13 @@ class Attempt:
         self.probing = probing
         self._calling: asyncio.Task[AttemptResult] | None = None
 
+    @property
+    def budget(self) -> str:
+        """The provider budget the job asked for: what the call drew on, and where what the
+        provider says of its limits belongs, whatever name its answer gives the model (OpenAI
+        answers gpt-4o-mini as gpt-4o-mini-2024-07-18)."""
+        return self.draw.budget if self.draw else self.tools.budgets.name_of(self.job, self.prompt)
+
     async def run(self) -> Succeeded:
         """The adapter call, streaming its text to the projection as it comes. It ends in a
         success (returned with the text not yet written and the attempt's usage), a failure
@@ -285,7 +292,7 @@ class Attempt:
         provider refused it, and its draw was given back) and what the provider said of its
         limits. Best effort: with the database unreachable the attempt goes on to its end
         (a draw keeps its estimate until it leaves the window; a probe times out)."""
-        name = self.draw.budget if self.draw else budget_name(usage.provider, usage.model)
+        name = self.budget
         try:
             await self.tools.budgets.after_call(
                 name,
@@ -436,7 +443,7 @@ class Attempt:
         provider was told to inject is the job's own: it pauses nothing (unless an operator
         gave the fake a budget), so one test job does not stall every other."""
         call, tools = self.call, self.tools
-        name = self.draw.budget if self.draw else budget_name(usage.provider, usage.model)
+        name = self.budget
         shared = self.draw is not None or tools.adapters.learns_limits(
             job_options(self.job, self.prompt)
         )

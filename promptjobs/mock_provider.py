@@ -75,6 +75,12 @@ class Script(BaseModel):
         description="Answer every request with this id (header and body), as a provider that "
         "repeats request ids does (Ollama's /v1 counts chatcmpl-0..998 and sends no header)",
     )
+    answer_model: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Name this model in the answer instead of the one asked for, as OpenAI "
+        "answers gpt-4o-mini as gpt-4o-mini-2024-07-18 and Anthropic resolves its aliases",
+    )
 
     @classmethod
     def parse(cls, directive: str) -> Script:
@@ -640,6 +646,8 @@ class Reply:
     words: list[str]
     truncated: bool
     request_id: str
+    # The model the answer names (the script's `answer_model`, else the one asked for).
+    model: str
 
     @property
     def api(self) -> Api:
@@ -681,13 +689,12 @@ class Reply:
 
     def body(self) -> dict[str, Any]:
         """The whole answer's JSON body (a batch's result line carries it too)."""
-        call = self.call
         if self.api == "openai":
             return {
                 "id": self.answer_id,
                 "object": "chat.completion",
                 "created": int(time.time()),
-                "model": call.model,
+                "model": self.model,
                 "choices": [
                     {
                         "index": 0,
@@ -701,7 +708,7 @@ class Reply:
             "id": self.answer_id,
             "type": "message",
             "role": "assistant",
-            "model": call.model,
+            "model": self.model,
             "content": [{"type": "text", "text": self.text}],
             "stop_reason": self.finish_reason,
             "stop_sequence": None,
@@ -723,10 +730,11 @@ def _reply(call: ChatCall, script: Script) -> Reply:
     words = f"[mock:{digest}] {call.prompt}".split()
     words = list(islice(cycle(words), max(len(words), script.chunks)))
     request_id = script.request_id or _request_id()
+    model = script.answer_model or call.model
     limit = call.max_tokens
     if limit is not None and len(words) > limit:
-        return Reply(call, words[:limit], True, request_id)
-    return Reply(call, words, False, request_id)
+        return Reply(call, words[:limit], True, request_id, model)
+    return Reply(call, words, False, request_id, model)
 
 
 class Wire(Protocol):
@@ -762,7 +770,7 @@ class OpenAIWire:
             "id": reply.answer_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
-            "model": reply.call.model,
+            "model": reply.model,
             "system_fingerprint": None,
         }
         if reply.call.include_usage:
@@ -806,7 +814,7 @@ class AnthropicWire:
             "id": self.reply.answer_id,
             "type": "message",
             "role": "assistant",
-            "model": self.reply.call.model,
+            "model": self.reply.model,
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,

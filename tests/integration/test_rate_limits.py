@@ -155,6 +155,35 @@ async def test_a_cold_burst_learns_the_limits_from_the_first_answer(
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_limits_learned_from_an_answer_naming_a_dated_model_belong_to_the_asked_for_budget(
+    dev_server: WorkflowEnvironment, tmp_path: Path, provider: str
+) -> None:
+    # OpenAI answers gpt-4o-mini as gpt-4o-mini-2024-07-18 (Anthropic resolves its aliases
+    # the same way): the limits its headers say are the asked-for budget's, so the probe ends
+    # with the first answer and the others run at once, not one a PROBE_FOR (30 s) apiece.
+    async with limited_mock(rpm=100, tpm=100_000) as mock:
+        settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2)
+        async with running_stack(settings, dev_server.client) as stack:
+            accepted = [
+                await stack.submit(
+                    f"dated {i} {uuid.uuid4().hex} mock:answer_model=gpt-test-2024-07-18",
+                    max_attempts=1,
+                    options={"provider": provider, "model": "gpt-test"},
+                )
+                for i in range(4)
+            ]
+            settled = [
+                await stack.settled(a["job_id"], timeout=budgets.PROBE_FOR.total_seconds() - 5)
+                for a in accepted
+            ]
+            standing = await stack.projection.store.budgets.standing(datetime.now(UTC))
+    assert [job["state"] for job in settled] == ["succeeded"] * 4
+    assert [(b.name, b.learned_rpm, b.learned_tpm) for b in standing] == [
+        (f"{provider}/gpt-test", 100, 100_000)
+    ]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
     dev_server: WorkflowEnvironment,
     mock_provider: MockProviderServer,
