@@ -209,3 +209,6 @@ class BatchPoll:
 class BatchSettled:
     settled: int = 0
     direct: int = 0
+    # Result lines that named no job, and repeated lines (ProviderBatch's counts).
+    unreadable: int = 0
+    duplicates: int = 0

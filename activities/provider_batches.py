@@ -19,7 +19,13 @@ from temporalio import activity
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.adapters.base import AdapterRegistry, AdapterRequest, InvalidOptions
-from activities.adapters.batch import BatchAPI, BatchUnsupported, LineResult, batch_api_of
+from activities.adapters.batch import (
+    BatchAPI,
+    BatchUnsupported,
+    LineResult,
+    UnreadableLine,
+    batch_api_of,
+)
 from activities.attempt import adapter_request
 from activities.budgets import estimate_tokens
 from activities.contracts import (
@@ -47,6 +53,7 @@ from projections.domain.lifecycle import (
     JobState,
     next_step,
 )
+from projections.errors import database_unavailable
 from projections.ids import response_id_for
 from projections.models import Job, ProviderBatch, job_options
 from projections.projector import Transition
@@ -60,6 +67,19 @@ LOST = "lost"
 # A batch's requests at most, in bytes: under OpenAI's 200 MB input file and Anthropic's
 # 256 MB batch request. The jobs past it wait for the next batch.
 BATCH_BYTES = 180 * 2**20
+
+
+# A batch step's failure that nobody classified (a provider answer no adapter expected, a
+# bug) is retried this many times, then the step ends its own way (below): the provider
+# being down or the database away is retried for as long as it lasts, an unknown never is.
+UNKNOWN_TRIES = 5
+
+
+def gave_up_on(err: Exception) -> bool:
+    """Whether `err` is unclassified and the step has retried it UNKNOWN_TRIES times."""
+    if isinstance(err, AdapterError | BatchUnsupported | RPCError) or database_unavailable(err):
+        return False
+    return activity.info().attempt >= UNKNOWN_TRIES
 
 
 def request_bytes(request: AdapterRequest) -> int:
@@ -142,7 +162,7 @@ class BatchActivities:
         if api is None:
             return await self._unsent(batch, "unsupported", f"provider {batch.provider} is gone")
         try:
-            found = await api.find(batch.batch_id)
+            found = await self._sent_before(api, batch)
             if found is None:
                 members = [
                     m
@@ -180,6 +200,15 @@ class BatchActivities:
                     await self.batches.release(batch.batch_id, left)
                 if not requests:
                     return await self._unsent(batch, "ended", "no job of it can run")
+                # Kept before the provider is asked: a try after this one cannot know whether
+                # the provider made the batch, and looks for it before sending again.
+                sending_at = datetime.now(UTC)
+                await through_outages(
+                    "record send",
+                    lambda: self.batches.update(
+                        batch.batch_id, sending_at=sending_at, lines_sent=len(requests)
+                    ),
+                )
                 found = await api.submit(batch.batch_id, batch.model, requests)
         except BatchUnsupported as err:
             return await self._unsent(batch, "unsupported", str(err))
@@ -187,10 +216,34 @@ class BatchActivities:
             if err.kind.is_retryable:
                 raise  # Temporal asks again, by the batch workflow's retry policy
             return await self._unsent(batch, "refused", f"the provider refused the batch: {err}")
-        await self.batches.update(
-            batch.batch_id, state="sent", provider_batch_id=found, sent_at=datetime.now(UTC)
+        except Exception as err:
+            if not gave_up_on(err):
+                raise
+            why = f"sending failed {UNKNOWN_TRIES} times: {type(err).__name__}: {err}"
+            return await self._unsent(batch, "refused", why[:500])
+        sent_at = datetime.now(UTC)
+        await through_outages(
+            "record sent batch",
+            lambda: self.batches.update(
+                batch.batch_id, state="sent", provider_batch_id=found, sent_at=sent_at
+            ),
         )
         return BatchSent(found)
+
+    async def _sent_before(self, api: BatchAPI, batch: ProviderBatch) -> str | None:
+        """The provider batch an earlier try's send made, if one began (its answer lost to a
+        timeout, a 5xx, a worker's death): the provider's, found by our tag or by what it
+        shows, and not one another batch of ours holds. None: none was made, send it."""
+        if batch.sending_at is None:
+            return None
+        candidates = await api.find(batch.batch_id, batch.sending_at, batch.lines_sent or 0)
+        taken = await self.batches.recorded(candidates)
+        found = next((c for c in candidates if c not in taken), None)
+        if found is not None:
+            activity.logger.info(
+                "provider batch %s: adopting %s, made by an earlier send", batch.batch_id, found
+            )
+        return found
 
     async def _unsent(self, batch: ProviderBatch, state: str, why: str) -> BatchSent:
         """The batch is not sent: its jobs run directly, saying why."""
@@ -213,13 +266,20 @@ class BatchActivities:
         (an attempt each); while it runs, if every job in it was cancelled, it is cancelled."""
         batch = await self.batches.get(ref.batch_id)
         api = self._api(batch)
-        assert api is not None and batch.provider_batch_id is not None, batch.batch_id
+        assert batch.provider_batch_id is not None, batch.batch_id
         try:
+            if api is None:
+                raise AdapterError(
+                    ErrorKind.AUTH, f"provider {batch.provider} is no longer configured here"
+                )
             status = await api.status(batch.provider_batch_id)
-        except AdapterError as err:
-            if err.kind.is_retryable:
+        except Exception as err:
+            if isinstance(err, AdapterError) and err.kind.is_retryable:
                 raise  # asked again, by the workflow's retry policy
-            # The provider no longer has it (deleted, another key): its jobs run directly.
+            if not isinstance(err, AdapterError) and not gave_up_on(err):
+                raise
+            # The provider no longer has it (deleted, another key, the provider removed), or
+            # cannot tell: its jobs run directly.
             activity.logger.warning("provider batch %s lost: %s", batch.batch_id, err)
             await self.batches.update(batch.batch_id, provider_status=LOST, note=str(err)[:500])
             return BatchPoll(LOST, ended=True)
@@ -257,7 +317,7 @@ class BatchActivities:
         provider did not run goes back to run directly. Then tell each job's workflow."""
         batch = await self.batches.get(ref.batch_id)
         api = self._api(batch)
-        assert api is not None and batch.provider_batch_id is not None, batch.batch_id
+        assert batch.provider_batch_id is not None, batch.batch_id
         members = {m.job.job_id: m for m in await self.batches.members(batch.batch_id)}
         report = BatchSettled()
         done: set[str] = set()
@@ -273,21 +333,61 @@ class BatchActivities:
             activity.heartbeat(len(done))
 
         # As the lines come: a batch's results are never held whole.
+        unreadable = duplicates = 0
         try:
-            if batch.provider_status != LOST:
+            if batch.provider_status != LOST and api is not None:
                 async for line in api.results(batch.provider_batch_id):
+                    if isinstance(line, UnreadableLine):
+                        unreadable += 1
+                        activity.logger.warning(
+                            "provider batch %s: a result line names no job: %r",
+                            batch.batch_id, line.excerpt,
+                        )  # fmt: skip
+                        continue
                     member = members.get(line.custom_id)
-                    if member is not None and line.custom_id not in done:
-                        await settle(member, line)
-        except AdapterError as err:
-            if err.kind.is_retryable:
+                    if member is None:
+                        continue
+                    if line.custom_id in done:
+                        # The first copy settled the job; a second one settles nothing.
+                        duplicates += 1
+                        activity.logger.warning(
+                            "provider batch %s: job %s's result line came again; ignored",
+                            batch.batch_id, line.custom_id,
+                        )  # fmt: skip
+                        continue
+                    await settle(member, line)
+        except Exception as err:
+            if isinstance(err, AdapterError) and err.kind.is_retryable:
+                raise
+            if not isinstance(err, AdapterError) and not gave_up_on(err):
                 raise
             # Its results cannot be had: what was not settled runs directly.
             activity.logger.warning("provider batch %s: no results: %s", batch.batch_id, err)
+        missing = [
+            member
+            for job_id, member in members.items()
+            if job_id not in done and member.deferred.verdict is None
+        ]
+        for member in missing:
+            line = LineResult(member.job.job_id)
+            if unreadable >= len(missing):
+                # Each line that could not be read is one of theirs: the provider ran and
+                # billed it, so the job fails as a direct call's unreadable answer does
+                # rather than being sent again.
+                why = f"its result line in {via_batch(batch)} could not be read"
+                line = replace(line, error=AdapterError(ErrorKind.PARSE, why))
+            await settle(member, line)
         for job_id, member in members.items():
             if job_id not in done:
                 await settle(member, LineResult(job_id))
-        await self.batches.update(batch.batch_id, state="ended", ended_at=datetime.now(UTC))
+        report.unreadable, report.duplicates = unreadable, duplicates
+        await self.batches.update(
+            batch.batch_id,
+            state="ended",
+            ended_at=datetime.now(UTC),
+            unreadable_lines=unreadable,
+            duplicate_lines=duplicates,
+        )
         return report
 
     async def _verdict(

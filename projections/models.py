@@ -493,6 +493,14 @@ class ProviderBatch(Base):
     provider_batch_id: Mapped[str | None] = mapped_column(String(255))
     provider_status: Mapped[str | None] = mapped_column(String(32))
     note: Mapped[str | None] = mapped_column(Text)
+    # Result lines that named no job we could read, and second copies of a job's line: each
+    # settled nothing (the first copy settles its job), counted here and logged.
+    unreadable_lines: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    duplicate_lines: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # When a send began and how many lines it held: a try after it looks for the batch that
+    # send may have made before it sends again (the provider's answer may have been lost).
+    sending_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    lines_sent: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

@@ -230,6 +230,18 @@ class ProviderBatches:
 
         await self.writes.run(write)
 
+    async def recorded(self, provider_batch_ids: list[str]) -> set[str]:
+        """Of these provider batch ids, those a batch of ours already holds."""
+        if not provider_batch_ids:
+            return set()
+        async with self.sessions() as session:
+            found = await session.execute(
+                select(ProviderBatch.provider_batch_id).where(
+                    ProviderBatch.provider_batch_id.in_(provider_batch_ids)
+                )
+            )
+            return {str(value) for value in found.scalars()}
+
     async def update(self, batch_id: str, **values: Any) -> None:
         def write(tx: WriteTx) -> None:
             tx.execute(update(BATCHES).where(BATCHES.c.batch_id == batch_id).values(**values))
@@ -265,6 +277,8 @@ def _claim(
         state="gathered",
         jobs=len(rows),
         workflow_started=False,
+        unreadable_lines=0,
+        duplicate_lines=0,
         created_at=now,
     )
     values = {column.name: getattr(batch, column.name, None) for column in BATCHES.columns}

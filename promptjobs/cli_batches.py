@@ -36,6 +36,8 @@ def batch_json(batch: ProviderBatch) -> dict[str, Any]:
         "provider_batch_id": batch.provider_batch_id,
         "provider_status": batch.provider_status,
         "note": batch.note,
+        "unreadable_lines": batch.unreadable_lines,
+        "duplicate_lines": batch.duplicate_lines,
         "created_at": _time(batch.created_at),
         "sent_at": _time(batch.sent_at),
         "ended_at": _time(batch.ended_at),
@@ -72,7 +74,11 @@ def batches_list(
             b.jobs,
             b.state,
             b.provider_batch_id or "",
-            b.provider_status or (b.note or "")[:60],
+            " ".join(
+                [b.provider_status or (b.note or "")[:60]]
+                + ([f"({b.unreadable_lines} unreadable line(s))"] if b.unreadable_lines else [])
+                + ([f"({b.duplicate_lines} repeated line(s))"] if b.duplicate_lines else [])
+            ),
             f"{b.created_at:%Y-%m-%d %H:%M:%S}",
         ]
         for b in batches

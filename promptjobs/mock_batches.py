@@ -21,8 +21,22 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 Api = Literal["openai", "anthropic"]
-# A line's request as the provider would answer it directly: (HTTP status, body).
-AnswerLine = Callable[[Api, dict[str, Any], str], tuple[int, dict[str, Any]]]
+# How a line's result comes broken (its prompt's script asks): cut short with its custom_id
+# still readable, cut short before it, a success without an answer, or the line twice.
+BrokenLine = Literal["garbled", "anonymous", "empty", "twice"]
+
+
+@dataclass(frozen=True)
+class LineAnswer:
+    """A line's request as the provider would answer it directly, and how its result line
+    comes broken, if its script says so."""
+
+    status: int
+    body: dict[str, Any]
+    broken: BrokenLine | None = None
+
+
+AnswerLine = Callable[[Api, dict[str, Any], str], LineAnswer]
 DAY_S = 24 * 3600
 
 
@@ -38,6 +52,12 @@ class BatchBehaviour(BaseModel):
     supported: bool = Field(
         default=True,
         description="false: the batch APIs answer 404, as a compatible server without them",
+    )
+    fail_after_create: int = Field(
+        default=0,
+        ge=0,
+        description="The next N batches created are kept and then answered with a 500, as a "
+        "provider's answer lost on its way back",
     )
 
 
@@ -55,8 +75,8 @@ class MockBatch:
     cancelled_at: float | None = None
     ended_at: float | None = None
     expired: bool = False
-    # custom_id → (status, body), for the lines that ran.
-    results: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    # custom_id → its answer, for the lines that ran.
+    results: dict[str, LineAnswer] = field(default_factory=dict)
     output_file_id: str | None = None
     error_file_id: str | None = None
 
@@ -92,6 +112,16 @@ class MockBatches:
         batch = self.batches.get(batch_id)
         return batch if batch is not None and batch.api == api else None
 
+    def page(self, api: Api, limit: int, after: str | None) -> tuple[list[MockBatch], bool]:
+        """A page of this API's batches, newest first, after the batch `after`; and whether
+        more follow. Each is run first if its time has come."""
+        mine = [batch for batch in self.batches.values() if batch.api == api]
+        mine.sort(key=lambda batch: batch.created_at, reverse=True)
+        ids = [batch.batch_id for batch in mine]
+        start = ids.index(after) + 1 if after in ids else 0
+        page = mine[start : start + max(1, min(limit, 1000))]
+        return [self.advance(batch) for batch in page], start + len(page) < len(mine)
+
     def advance(self, batch: MockBatch) -> MockBatch:
         """Run the batch if its time has come (and it was not cancelled)."""
         now = time.time()
@@ -121,18 +151,19 @@ class MockBatches:
             custom_id = line["custom_id"]
             if custom_id not in batch.results:
                 continue
-            status, body = batch.results[custom_id]
+            answer = batch.results[custom_id]
+            body = {"id": "chatcmpl-mock-empty"} if answer.broken == "empty" else answer.body
             row = {
                 "id": f"batch_req_{uuid.uuid4().hex[:16]}",
                 "custom_id": custom_id,
                 "response": {
-                    "status_code": status,
+                    "status_code": answer.status,
                     "request_id": f"req_mock_{uuid.uuid4().hex[:16]}",
                     "body": body,
                 },
                 "error": None,
             }
-            (output if status == 200 else errors).append(json.dumps(row))
+            (output if answer.status == 200 else errors).extend(_rendered(row, answer.broken))
         for rows, attribute in ((output, "output_file_id"), (errors, "error_file_id")):
             if rows:
                 file_id = self._store("batch_output", f"{batch.batch_id}.jsonl", rows)
@@ -151,7 +182,7 @@ def openai_batch(batch: MockBatch) -> dict[str, Any]:
         status = "in_progress"
     else:
         status = "expired" if batch.expired else "completed"
-    done = sum(1 for status_code, _ in batch.results.values() if status_code == 200)
+    done = sum(1 for answer in batch.results.values() if answer.status == 200)
     ended = int(batch.ended_at) if batch.ended_at is not None else None
     return {
         "id": batch.batch_id,
@@ -183,7 +214,7 @@ def openai_batch(batch: MockBatch) -> dict[str, Any]:
 
 def anthropic_batch(batch: MockBatch, base_url: str) -> dict[str, Any]:
     ended = batch.ended_at is not None
-    succeeded = sum(1 for status, _ in batch.results.values() if status == 200)
+    succeeded = sum(1 for answer in batch.results.values() if answer.status == 200)
     unrun = len(batch.lines) - len(batch.results)
     return {
         "id": batch.batch_id,
@@ -212,17 +243,31 @@ def anthropic_results(batch: MockBatch) -> bytes:
     for line in batch.lines:
         custom_id = line["custom_id"]
         result: dict[str, Any]
-        if custom_id in batch.results:
-            status, body = batch.results[custom_id]
-            result = (
-                {"type": "succeeded", "message": body}
-                if status == 200
-                else {"type": "errored", "error": body}
-            )
-        else:
+        answer = batch.results.get(custom_id)
+        if answer is None:
             result = {"type": "canceled" if batch.cancelled_at is not None else "expired"}
-        rows.append(json.dumps({"custom_id": custom_id, "result": result}))
+        elif answer.status != 200:
+            result = {"type": "errored", "error": answer.body}
+        elif answer.broken == "empty":
+            result = {"type": "succeeded", "message": {"content": "not a list of blocks"}}
+        else:
+            result = {"type": "succeeded", "message": answer.body}
+        broken = answer.broken if answer is not None else None
+        rows.extend(_rendered({"custom_id": custom_id, "result": result}, broken))
     return ("\n".join(rows) + "\n").encode()
+
+
+def _rendered(row: dict[str, Any], broken: BrokenLine | None) -> list[str]:
+    """A result line as JSONL, broken as its script asks."""
+    whole = json.dumps(row)
+    if broken == "garbled":
+        # Cut short after its custom_id: not JSON, but the job it answers can be told.
+        return [json.dumps({"custom_id": row["custom_id"]})[:-1] + ', "respo']
+    if broken == "anonymous":
+        return ['{"id": "batch_req_cut", "respo']
+    if broken == "twice":
+        return [whole, whole]
+    return [whole]
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -278,22 +323,31 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
             input_file_id=str(body.get("input_file_id")),
             metadata=body.get("metadata"),
         )
-        return openai_batch(batch)
+        return lost_answer("openai", openai_batch(batch))
+
+    def lost_answer(api: Api, made: dict[str, Any]) -> dict[str, Any] | Response:
+        """The batch is kept; its answer is lost on the way, if the behaviour says so."""
+        if batches.behaviour.fail_after_create <= 0:
+            return made
+        batches.behaviour.fail_after_create -= 1
+        error = {"message": "mock provider: answer lost after the batch was made"}
+        if api == "anthropic":
+            error = {"type": "api_error", **error}
+        body: dict[str, Any] = {"error": error} | ({"type": "error"} if api == "anthropic" else {})
+        return JSONResponse(body, status_code=500)
 
     @app.get("/v1/batches", tags=["openai batches"], response_model=None)
-    async def list_openai(limit: int = 20) -> dict[str, Any] | Response:
-        """The newest batches first (one page: enough for finding a batch by metadata)."""
+    async def list_openai(limit: int = 20, after: str | None = None) -> dict[str, Any] | Response:
+        """The newest batches first, a page at a time (`after` the last id of the page before)."""
         if not batches.behaviour.supported:
             return not_found("openai", "route")
-        mine = [batch for batch in batches.batches.values() if batch.api == "openai"]
-        mine.sort(key=lambda batch: batch.created_at, reverse=True)
-        data = [openai_batch(batches.advance(batch)) for batch in mine[: max(1, limit)]]
+        data, more = batches.page("openai", limit, after)
         return {
             "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(mine) > limit,
+            "data": [openai_batch(batch) for batch in data],
+            "first_id": data[0].batch_id if data else None,
+            "last_id": data[-1].batch_id if data else None,
+            "has_more": more,
         }
 
     @app.get("/v1/batches/{batch_id}", tags=["openai batches"], response_model=None)
@@ -310,14 +364,28 @@ def add_batch_routes(app: FastAPI, batches: MockBatches) -> None:
             return not_found("openai", "batch")
         return openai_batch(batches.cancel(batch))
 
-    @app.post("/v1/messages/batches", tags=["anthropic batches"])
-    async def create_anthropic(request: Request) -> dict[str, Any]:
+    @app.post("/v1/messages/batches", tags=["anthropic batches"], response_model=None)
+    async def create_anthropic(request: Request) -> dict[str, Any] | Response:
         body = await request.json()
         lines = [
             {"custom_id": item["custom_id"], "body": item["params"]}
             for item in body.get("requests", [])
         ]
-        return anthropic_batch(batches.create("anthropic", lines), _base(request))
+        made = anthropic_batch(batches.create("anthropic", lines), _base(request))
+        return lost_answer("anthropic", made)
+
+    @app.get("/v1/messages/batches", tags=["anthropic batches"])
+    async def list_anthropic(
+        request: Request, limit: int = 20, after_id: str | None = None
+    ) -> dict[str, Any]:
+        """The newest message batches first, a page at a time."""
+        data, more = batches.page("anthropic", limit, after_id)
+        return {
+            "data": [anthropic_batch(batch, _base(request)) for batch in data],
+            "has_more": more,
+            "first_id": data[0].batch_id if data else None,
+            "last_id": data[-1].batch_id if data else None,
+        }
 
     @app.get("/v1/messages/batches/{batch_id}", tags=["anthropic batches"], response_model=None)
     async def read_anthropic(batch_id: str, request: Request) -> dict[str, Any] | Response:

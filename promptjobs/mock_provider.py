@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from promptjobs.mock_batches import Api, MockBatches, add_batch_routes
+from promptjobs.mock_batches import Api, BrokenLine, LineAnswer, MockBatches, add_batch_routes
 
 # A step is an HTTP status to answer with, or one of these behaviours...
 Word = Literal["ok", "hang", "malformed", "reset"]
@@ -74,6 +74,12 @@ class Script(BaseModel):
         max_length=200,
         description="Answer every request with this id (header and body), as a provider that "
         "repeats request ids does (Ollama's /v1 counts chatcmpl-0..998 and sends no header)",
+    )
+    batch_line: BrokenLine | None = Field(
+        default=None,
+        description="How this request's line in a batch's results comes broken: `garbled` "
+        "(cut short; its custom_id still readable), `anonymous` (cut short before its "
+        "custom_id), `empty` (a success whose body has no answer), `twice` (the line twice)",
     )
     answer_model: str | None = Field(
         default=None,
@@ -305,23 +311,24 @@ class MockProvider:
         self.queue.extend(Plan(step, script) for step in script.fail)
         return len(script.fail)
 
-    def answer_line(
-        self, api: Api, body: dict[str, Any], batch_id: str
-    ) -> tuple[int, dict[str, Any]]:
+    def answer_line(self, api: Api, body: dict[str, Any], batch_id: str) -> LineAnswer:
         """A provider batch's line, answered as the same request directly would be: its
         prompt's script decides (a mid-stream failure is a success: a batch does not stream)."""
         try:
             call = _read_call(api, body)
             attempt, plan = self.plan(call)
         except (ValueError, ValidationError) as err:
-            return 400, _error_body(api, 400, f"mock provider cannot read this request: {err}")
+            return LineAnswer(
+                400, _error_body(api, 400, f"mock provider cannot read this request: {err}")
+            )
         entry = _log_entry(api, call, attempt, plan.step)
         entry["batch"] = batch_id
         self.log.append(entry)
         status = plan.step if isinstance(plan.step, int) else 200
         if status == 200:
-            return 200, _reply(call, plan.script).body()
-        return status, _error_body(api, status, f"mock provider: scripted HTTP {status}")
+            return LineAnswer(200, _reply(call, plan.script).body(), plan.script.batch_line)
+        body = _error_body(api, status, f"mock provider: scripted HTTP {status}")
+        return LineAnswer(status, body, plan.script.batch_line)
 
     def plan(self, call: ChatCall) -> tuple[int, Plan]:
         attempt = self.seen.pop(call.key, 0) + 1

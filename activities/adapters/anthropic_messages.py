@@ -4,6 +4,7 @@ failures classified."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -12,7 +13,14 @@ from anthropic.types import MessageParam
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
-from activities.adapters.batch import BatchStatus, BatchUnsupported, LineResult
+from activities.adapters.batch import (
+    CLOCK_SLACK,
+    BatchStatus,
+    BatchUnsupported,
+    LineResult,
+    ResultLine,
+    read_result_line,
+)
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
@@ -254,9 +262,8 @@ class _ErrorBody(BaseModel):
 
 class AnthropicBatches:
     """Anthropic's Message Batches (activities/adapters/batch.py). A message batch carries no
-    metadata, so a batch sent before cannot be found by our id: `find` finds nothing, and
-    the send's record (right after the provider's answer) is what keeps it from being sent
-    twice (docs/decisions.md)."""
+    metadata, so a batch sent before is found by what it shows: made since our send began,
+    holding as many requests (docs/decisions.md)."""
 
     def __init__(self, adapter: AnthropicMessagesAdapter) -> None:
         self.adapter = adapter
@@ -270,8 +277,28 @@ class AnthropicBatches:
             )
         return classify(err, self.name)
 
-    async def find(self, tag: str) -> str | None:
-        return None
+    async def find(self, tag: str, since: datetime, lines: int) -> list[str]:
+        # A message batch keeps no tag: what it shows is when it was made and how many
+        # requests it holds. Those made since the send began with as many, oldest first.
+        oldest = since - CLOCK_SLACK
+        found: list[str] = []
+        try:
+            async for batch in self.adapter.client.messages.batches.list(limit=100):
+                if batch.created_at < oldest:
+                    break
+                counts = batch.request_counts
+                held = (
+                    counts.processing
+                    + counts.succeeded
+                    + counts.errored
+                    + counts.canceled
+                    + counts.expired
+                )
+                if held == lines:
+                    found.append(batch.id)
+        except anthropic.AnthropicError as err:
+            raise self._failure(err) from err
+        return found[::-1]
 
     async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
         requests: list[Any] = [
@@ -303,15 +330,23 @@ class AnthropicBatches:
         except anthropic.AnthropicError as err:
             raise classify(err, self.name) from err
 
-    async def results(self, provider_batch_id: str) -> AsyncIterator[LineResult]:
+    async def results(self, provider_batch_id: str) -> AsyncIterator[ResultLine]:
+        # The SDK's decoder raises at the first line it cannot parse, ending the read: the
+        # lines are read here, each on its own (read_result_line).
         try:
             entries = await self.adapter.client.messages.batches.results(provider_batch_id)
-            async for entry in entries:
-                yield self.line_result(entry.custom_id, entry.result.model_dump())
+            try:
+                async for line in entries.http_response.aiter_lines():
+                    if line.strip():
+                        yield read_result_line(self.name, line, self.line_result)
+            finally:
+                await entries.close()
         except anthropic.AnthropicError as err:
             raise classify(err, self.name) from err
 
-    def line_result(self, custom_id: str, result: dict[str, Any]) -> LineResult:
+    def line_result(self, custom_id: str, row: dict[str, Any]) -> LineResult:
+        given = row.get("result")
+        result: dict[str, Any] = given if isinstance(given, dict) else {}
         kind = result.get("type")
         if kind == "succeeded":
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
 
@@ -13,7 +14,15 @@ from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
-from activities.adapters.batch import BATCH_TAG, BatchStatus, BatchUnsupported, LineResult
+from activities.adapters.batch import (
+    BATCH_TAG,
+    CLOCK_SLACK,
+    BatchStatus,
+    BatchUnsupported,
+    LineResult,
+    ResultLine,
+    read_result_line,
+)
 from activities.adapters.chat import (
     ChatAdapter,
     ChatOptions,
@@ -254,15 +263,19 @@ class OpenAIBatches:
             )
         return classify(err, self.name)
 
-    async def find(self, tag: str) -> str | None:
+    async def find(self, tag: str, since: datetime, lines: int) -> list[str]:
+        # Newest first, page by page, back to the send's start: however many batches the
+        # account made since, ours is found by its tag.
+        oldest = (since - CLOCK_SLACK).timestamp()
         try:
-            page = await self.adapter.client.batches.list(limit=100)
+            async for batch in self.adapter.client.batches.list(limit=100):
+                if (batch.metadata or {}).get(BATCH_TAG) == tag:
+                    return [batch.id]
+                if batch.created_at < oldest:
+                    break
         except openai.OpenAIError as err:
             raise self._failure(err) from err
-        for batch in page.data:
-            if (batch.metadata or {}).get(BATCH_TAG) == tag:
-                return batch.id
-        return None
+        return []
 
     async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
         rows = [
@@ -308,7 +321,7 @@ class OpenAIBatches:
         except openai.OpenAIError as err:
             raise classify(err, self.name) from err
 
-    async def results(self, provider_batch_id: str) -> AsyncIterator[LineResult]:
+    async def results(self, provider_batch_id: str) -> AsyncIterator[ResultLine]:
         client = self.adapter.client
         try:
             batch = await client.batches.retrieve(provider_batch_id)
@@ -318,19 +331,12 @@ class OpenAIBatches:
                 async with client.files.with_streaming_response.content(file_id) as content:
                     async for line in content.iter_lines():
                         if line.strip():
-                            yield self.line_result(line)
+                            yield read_result_line(self.name, line, self.line_result)
         except openai.OpenAIError as err:
             raise classify(err, self.name) from err
 
-    def line_result(self, line: str) -> LineResult:
+    def line_result(self, custom_id: str, row: dict[str, Any]) -> LineResult:
         """One line of an output or error file."""
-        try:
-            row = json.loads(line)
-            custom_id = str(row["custom_id"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise AdapterError(
-                ErrorKind.PARSE, f"{self.name}: unreadable batch result line: {line[:200]!r}"
-            ) from err
         response, error = row.get("response"), row.get("error")
         if isinstance(response, dict):
             status = int(response.get("status_code") or 0)

@@ -7,12 +7,16 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
-from tests.conftest import MockProviderServer, eventually
+from activities.adapters.batch import BATCH_TAG, batch_api_of
+from promptjobs.runtime import build_adapters
+from tests.conftest import MockProviderServer, eventually, provider_settings
 
 
 def chat(custom_id: str, prompt: str) -> dict[str, Any]:
@@ -136,3 +140,27 @@ async def test_anthropic_message_batches_through_its_sdk(mock_provider: MockProv
     ]
     assert (custom_id, result.type) == ("c", "canceled")
     await behave(mock_provider)
+
+
+async def test_a_tagged_openai_batch_is_found_behind_more_than_a_page_of_newer_ones(
+    mock_provider: MockProviderServer, tmp_path: Path
+) -> None:
+    # The adapter's `find` pages back to the send's start: 120 newer batches do not hide it.
+    registry = build_adapters(provider_settings(tmp_path, mock_provider))
+    api = batch_api_of(registry.get({"provider": "openai"}))
+    assert api is not None
+    client = openai(mock_provider)
+    tag = f"pbatch_{uuid.uuid4().hex}"
+    began = datetime.now(UTC)
+    content = (json.dumps(chat("c0", "tagged")) + "\n").encode()
+    uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(content)), purpose="batch")
+    ours = await client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={BATCH_TAG: tag},
+    )
+    for i in range(120):
+        await openai_batch(client, [chat("c0", f"newer {i}")])
+    assert await api.find(tag, began, 1) == [ours.id]
+    assert await api.find(f"pbatch_{uuid.uuid4().hex}", began, 1) == []

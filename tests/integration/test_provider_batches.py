@@ -172,6 +172,58 @@ async def test_each_line_fails_as_a_direct_call_would(
     assert "provider batch" in job["error_message"]
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_unreadable_result_line_costs_only_its_own_job_and_is_counted(
+    batching: Stack, mock_provider: MockProviderServer, provider: str
+) -> None:
+    # Lines cut short (with and without their custom_id), a success without an answer, and
+    # a line that comes twice, among good ones: each job is settled from its own line, none
+    # is sent again (the provider ran and billed them all), and the batch counts the rest.
+    tag = uuid.uuid4().hex[:8]
+    prompts = {
+        name: f"{name} {tag}" + (f" mock:batch_line={name}" if name != "fine" else "")
+        for name in ("fine", "garbled", "anonymous", "empty", "twice")
+    }
+    before = await submit(batching, f"before {tag}", provider=provider)
+    jobs = {
+        name: await submit(batching, prompt, provider=provider) for name, prompt in prompts.items()
+    }
+    after = await submit(batching, f"after {tag}", provider=provider)
+
+    for job_id in (before, jobs["fine"], jobs["twice"], after):
+        job = await batching.settled(job_id, timeout=30)
+        assert (job["state"], job["attempt"]) == ("succeeded", 1), job
+    for name in ("garbled", "anonymous", "empty"):
+        job = await batching.settled(jobs[name], timeout=30)
+        assert (job["state"], job["error_kind"], job["attempt"]) == ("failed", "parse", 1), job
+    assert "provider batch" in (await batching.job(jobs["anonymous"]))["error_message"]
+
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert len(seen) == 7 and all(r.get("batch") for r in seen), "each job sent once, batched"
+    listed = (await cli_json(batching, "provider-batches", "list"))["batches"]
+    assert sum(b["unreadable_lines"] for b in listed) == 1
+    assert sum(b["duplicate_lines"] for b in listed) == 1
+    assert all(b["state"] == "ended" for b in listed)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_send_whose_answer_was_lost_after_the_provider_made_the_batch_makes_one_batch(
+    batching: Stack, mock_provider: MockProviderServer, provider: str
+) -> None:
+    # The provider makes the batch, then answers 500: the retried send finds that batch (by
+    # our tag on OpenAI; on Anthropic, made since the send began with as many requests)
+    # instead of making a second one that would run and bill every job again.
+    await behave(mock_provider, run_s=1.0, fail_after_create=1)
+    tag = uuid.uuid4().hex[:8]
+    jobs = [await submit(batching, f"lost answer {i} {tag}", provider=provider) for i in range(3)]
+    for job_id in jobs:
+        job = await batching.settled(job_id, timeout=40)
+        assert (job["state"], job["attempt"]) == ("succeeded", 1), job
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert len(seen) == 3, "each job ran once"
+    assert len({r.get("batch") for r in seen}) == 1, "in one provider batch"
+
+
 async def test_a_provider_without_a_batch_api_runs_deferrable_jobs_directly(
     batching: Stack, mock_provider: MockProviderServer
 ) -> None:
