@@ -112,6 +112,14 @@ class StreamLimit(Exception):
 
 
 @dataclass(eq=False)
+class StreamHold:
+    """A stream's place held for `key_id` until the stream subscribes (FanOut.hold)."""
+
+    key_id: str
+    taken: bool = False
+
+
+@dataclass(eq=False)
 class Subscription:
     """One open stream. The reader appends the events it concerns; the stream takes them."""
 
@@ -249,6 +257,8 @@ class ChangeFeed:
         self._wake = asyncio.Event()
         self._streams: set[Subscription] = set()
         self._per_key: dict[str, int] = {}
+        # Places held for streams not yet subscribed (`hold`).
+        self._held = 0
         self._routes: dict[str | None, _Routes] = {}
         self._reader: asyncio.Task[None] | None = None
         self._positioned = asyncio.Event()
@@ -279,10 +289,9 @@ class ChangeFeed:
 
     # -- streams --------------------------------------------------------------------------
 
-    async def subscribe(self, scope: StreamScope, key_id: str) -> Subscription:
-        """Join the live feed; raises StreamLimit past a bound. `start` on the result says
-        where the live feed begins for it."""
-        if len(self._streams) >= self.max_streams:
+    def _room_for(self, key_id: str) -> None:
+        """Raise StreamLimit if no stream more fits, for this key or this process."""
+        if len(self._streams) + self._held >= self.max_streams:
             raise StreamLimit(
                 f"this API process has its maximum of {self.max_streams} open streams"
             )
@@ -291,9 +300,46 @@ class ChangeFeed:
                 f"this API key has its maximum of {self.max_streams_per_key} open streams "
                 "on this API process; close one, or share one stream between consumers"
             )
+
+    def hold(self, key_id: str) -> StreamHold:
+        """A stream's place, taken before what it will stream is made (a response its own
+        request creates): StreamLimit comes before anything is made, so a client that retries
+        the refusal makes nothing twice. `subscribe(..., hold)` turns it into the stream;
+        `release` gives back a hold that was not."""
+        self._room_for(key_id)
+        self._held += 1
+        self._per_key[key_id] = self._per_key.get(key_id, 0) + 1
+        return StreamHold(key_id)
+
+    def release(self, hold: StreamHold) -> None:
+        """Idempotent; nothing once the hold became a stream."""
+        if hold.taken:
+            return
+        hold.taken = True
+        self._held -= 1
+        self._drop_key(hold.key_id)
+
+    def _drop_key(self, key_id: str) -> None:
+        left = self._per_key[key_id] - 1
+        if left:
+            self._per_key[key_id] = left
+        else:
+            del self._per_key[key_id]
+
+    async def subscribe(
+        self, scope: StreamScope, key_id: str, hold: StreamHold | None = None
+    ) -> Subscription:
+        """Join the live feed; raises StreamLimit past a bound (not with a `hold`, whose place
+        it takes). `start` on the result says where the live feed begins for it."""
+        if hold is None:
+            self._room_for(key_id)
+            self._per_key[key_id] = self._per_key.get(key_id, 0) + 1
+        else:
+            assert not hold.taken and hold.key_id == key_id
+            hold.taken = True
+            self._held -= 1
         sub = Subscription(scope, key_id, self.buffer_events)
         self._streams.add(sub)
-        self._per_key[key_id] = self._per_key.get(key_id, 0) + 1
         try:
             if not self.reading_now:
                 self._positioned = asyncio.Event()
@@ -315,11 +361,7 @@ class ChangeFeed:
         if sub not in self._streams:
             return
         self._streams.discard(sub)
-        left = self._per_key[sub.key_id] - 1
-        if left:
-            self._per_key[sub.key_id] = left
-        else:
-            del self._per_key[sub.key_id]
+        self._drop_key(sub.key_id)
         routes = self._routes.get(sub.scope.org)
         if routes is not None:
             routes.remove(sub)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api.changes import StreamLimit, StreamScope, Subscription, frame
+from api.changes import StreamHold, StreamLimit, StreamScope, Subscription, frame
 from api.deps import Services, ServicesDep, StreamCaller
 from api.problems import Problem, problem_responses
 from api.routes.jobs import CURSOR_PATTERN
@@ -30,18 +31,39 @@ SEND_TIMEOUT_S = 60.0
 OVER_CHECK_S = 5.0
 
 
-async def subscribe(services: Services, scope: StreamScope, key_id: str) -> Subscription:
-    """A subscription to the live feed, or a 429 past the bound on streams."""
+def too_many_streams(err: StreamLimit) -> Problem:
+    return Problem(
+        429,
+        "too_many_streams",
+        "Too many event streams",
+        err.detail,
+        headers={"Retry-After": str(STREAM_RETRY_AFTER_S)},
+    )
+
+
+async def subscribe(
+    services: Services, scope: StreamScope, key_id: str, hold: StreamHold | None = None
+) -> Subscription:
+    """A subscription to the live feed (in the place `hold` kept), or a 429 past the bound
+    on streams."""
     try:
-        return await services.feed.subscribe(scope, key_id)
+        return await services.feed.subscribe(scope, key_id, hold)
     except StreamLimit as err:
-        raise Problem(
-            429,
-            "too_many_streams",
-            "Too many event streams",
-            err.detail,
-            headers={"Retry-After": str(STREAM_RETRY_AFTER_S)},
-        ) from err
+        raise too_many_streams(err) from err
+
+
+@contextmanager
+def stream_place(services: Services, key_id: str) -> Iterator[StreamHold]:
+    """A stream's place, held while the request makes what it will stream (a 429 before
+    anything is made), and given back if the block leaves without subscribing."""
+    try:
+        hold = services.feed.hold(key_id)
+    except StreamLimit as err:
+        raise too_many_streams(err) from err
+    try:
+        yield hold
+    finally:
+        services.feed.release(hold)
 
 
 @router.get(

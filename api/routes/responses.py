@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api.changes import StreamScope
+from api.changes import StreamHold, StreamScope
 from api.deps import Caller, JsonBody, KeyedCaller, Services, ServicesDep, Streamer
 from api.openai.responses import (
     CreateResponse,
@@ -25,7 +25,14 @@ from api.openai.responses import (
 )
 from api.openai.stream import ResponseEvents
 from api.problems import problem_responses
-from api.routes.events import BATCH, LIFETIME_JITTER, OVER_CHECK_S, SEND_TIMEOUT_S, subscribe
+from api.routes.events import (
+    BATCH,
+    LIFETIME_JITTER,
+    OVER_CHECK_S,
+    SEND_TIMEOUT_S,
+    stream_place,
+    subscribe,
+)
 from api.schemas import ResponseOut
 from projections.errors import InvalidState
 from projections.models import Prompt
@@ -75,10 +82,14 @@ async def create_response(
         idempotency_key=idempotency_key,
     )
     await services.jobs.check_budget(submission.text, submission.options)
+    if body.stream:
+        # The stream's place first: refused at the limit, nothing is made (the SDK retries a
+        # 429 without an Idempotency-Key, and each retry would make another job).
+        with stream_place(services, keyed.key_id) as hold:
+            accepted = await services.jobs.submit(caller, submission)
+            return await _stream(services, keyed, accepted.prompt, starting_after=None, hold=hold)
     accepted = await services.jobs.submit(caller, submission)
     prompt_id = accepted.prompt.prompt_id
-    if body.stream:
-        return await _stream(services, keyed, accepted.prompt, starting_after=None)
     if body.background:
         return JSONResponse(await _object(services, caller, prompt_id))
     return JSONResponse(await _settled(services, caller, prompt_id, request=request))
@@ -168,13 +179,18 @@ async def _settled(
 
 
 async def _stream(
-    services: Services, keyed: Streamer, prompt: Prompt, *, starting_after: int | None
+    services: Services,
+    keyed: Streamer,
+    prompt: Prompt,
+    *,
+    starting_after: int | None,
+    hold: StreamHold | None = None,
 ) -> EventSourceResponse:
     """The response's events from the prompt's event log, then live (api/openai/stream.py):
     the log is read again whenever the feed says the prompt has a new event, so every API
     process gives the same events with the same sequence numbers."""
     scope, store, prompt_id = keyed.scope, services.store, prompt.prompt_id
-    sub = await subscribe(services, StreamScope.of(scope, None, prompt_id), keyed.key_id)
+    sub = await subscribe(services, StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
     lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 
     async def snapshot(row: JobRow, final: bool) -> dict[str, Any]:

@@ -7,10 +7,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import openai
+import pytest
 from openai import AsyncOpenAI
+from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_chunks, fake_output
-from tests.conftest import Stack, free_port
+from tests.conftest import Stack, free_port, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process
 
 PROMPT = "one two three four five six seven eight nine ten eleven twelve"
@@ -158,3 +161,28 @@ async def test_cancel_mid_stream_ends_the_stream_cancelled(stack: Stack) -> None
     # The cut text's item is closed, not left open.
     assert events[-2].type == "response.output_item.done"
     assert events[-2].item.status == "incomplete"
+
+
+async def test_a_stream_refused_at_the_keys_limit_makes_no_job(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # The place is taken before the job is made: the SDK retries the 429 (without an
+    # Idempotency-Key), and no retry may submit the request again.
+    settings = make_settings(tmp_path, sse_max_streams_per_key=1)
+    async with running_stack(settings, dev_server.client) as stack:
+        open_stream = await sdk(stack.base_url, stack.api_key).responses.create(
+            model="fake/any", input=PROMPT, stream=True, extra_body=fake(5000)
+        )
+        first = await anext(aiter(open_stream))
+        assert first.type == "response.created"
+        retrying = AsyncOpenAI(
+            base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=1
+        )
+        with pytest.raises(openai.RateLimitError) as refused:
+            await retrying.responses.create(
+                model="fake/any", input="refused", stream=True, extra_body=fake(10)
+            )
+        assert "open streams" in str(refused.value)
+        jobs = (await stack.http.get("/v1/jobs")).json()["jobs"]
+        await open_stream.close()
+    assert len(jobs) == 1, "only the open stream's job was made"
