@@ -14,6 +14,7 @@ from sqlalchemy import Table, delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import GroupCommit, WriteTx
+from projections.errors import NotFound
 from projections.event_log import utcnow
 from projections.models import Base, FileChunk, StoredFile
 from projections.scope import Scope, get_visible, newest_first, scoped
@@ -106,16 +107,20 @@ class FileStore:
             return await get_visible(session, StoredFile, "file", file_id, scope)
 
     async def content(self, scope: Scope, file_id: str) -> AsyncIterator[bytes]:
-        """The file's bytes, a chunk at a time (one read each)."""
-        await self.get(scope, file_id)
-        seq = 0
+        """The file's bytes, a chunk at a time (one read each). A file deleted while it is
+        read raises NotFound rather than ending early, as if it were whole."""
+        stored = await self.get(scope, file_id)
+        seq = size = 0
         while True:
             async with self.sessions() as session:
                 data = await session.scalar(
                     select(CHUNKS.c.data).where(CHUNKS.c.file_id == file_id, CHUNKS.c.seq == seq)
                 )
             if data is None:
+                if size < stored.bytes:
+                    raise NotFound("file", file_id)
                 return
+            size += len(data)
             yield bytes(data)
             seq += 1
 

@@ -27,7 +27,7 @@ from api.openai.responses import (
 from projections.batches import Line, Outcome, timestamp
 from projections.budgets import OverBudget
 from projections.domain.lifecycle import ErrorKind, JobState
-from projections.errors import InvalidState
+from projections.errors import InvalidState, NotFound
 from projections.event_log import utcnow
 from projections.files import CHUNK_BYTES, new_file_id
 from projections.models import Batch
@@ -231,6 +231,49 @@ class BatchRunner:
             raise LineError("invalid_request", str(err), "promptjobs.options") from err
 
     async def _accept(self, batch: Batch) -> None:
+        try:
+            await self._read_and_accept(batch)
+        except NotFound as err:
+            await self._input_gone(batch, err)
+
+    async def _input_gone(self, batch: Batch, err: NotFound) -> None:
+        """The input file was deleted before the batch had read it all: what was accepted
+        runs (a job accepted is never dropped) and the batch says what was not read; with
+        nothing accepted, it fails."""
+        batch = await self.store.batches.row(batch.batch_id)
+        error = {
+            "code": "invalid_file",
+            "message": f"The input file {err.ident} was deleted before the batch read it"
+            + (
+                f": {batch.accepted} of its {batch.total} lines were accepted and run; "
+                "the rest were never read."
+                if batch.accepted
+                else "."
+            ),
+            "param": "input_file_id",
+            "line": None,
+        }
+        log.warning("batch %s: %s", batch.batch_id, error["message"])
+        if batch.accepted:
+            await self.store.batches.move(
+                batch.batch_id,
+                "in_progress",
+                came_from=("validating",),
+                total=batch.accepted,
+                errors=[error],
+                in_progress_at=utcnow(),
+            )
+        else:
+            await self.store.batches.move(
+                batch.batch_id,
+                "failed",
+                came_from=("validating",),
+                errors=[error],
+                failed_at=utcnow(),
+                total=0,
+            )
+
+    async def _read_and_accept(self, batch: Batch) -> None:
         scope = owner(batch)
         if batch.total == 0:
             total, errors = await self._validate(batch, scope)
@@ -305,7 +348,10 @@ class BatchRunner:
         """The input file's non-empty lines (None: one too long to hold). Parsing them is the
         API's own event loop's work: it lets other requests in every YIELD_EVERY lines."""
         count = 0
-        lines = self.store.files.lines(scope, batch.input_file_id, self.max_line_bytes)
+        # The file is read as the org's: an admin may make a batch of a member's file (the
+        # create checked that the caller sees it); the jobs are still the batch author's.
+        org = Scope(scope.org, scope.user, "admin")
+        lines = self.store.files.lines(org, batch.input_file_id, self.max_line_bytes)
         async for raw in lines:
             if raw is None or raw.strip():
                 yield raw

@@ -8,6 +8,7 @@ import io
 import pytest
 
 from projections import files
+from projections.errors import NotFound
 from projections.scope import Scope
 from promptjobs.runtime import Projection
 
@@ -53,3 +54,18 @@ async def test_a_file_over_its_limit_is_refused_and_leaves_nothing(
             OWNER, purpose="batch", filename="big", source=io.BytesIO(b"x" * 100), max_bytes=50
         )
     assert await store.page(OWNER, limit=10, after=None, purpose=None) == []
+
+
+async def test_a_file_deleted_while_it_is_read_is_not_found_rather_than_short(
+    projection: Projection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "CHUNK_BYTES", 4)
+    store = projection.store.files
+    stored = await store.create(
+        OWNER, purpose="batch", filename="in", source=io.BytesIO(b"a\nb\nc\nd\n" * 4), max_bytes=99
+    )
+    chunks = store.content(OWNER, stored.file_id)
+    assert await anext(chunks) == b"a\nb\n"
+    await store.delete(OWNER, stored.file_id)
+    with pytest.raises(NotFound):
+        await anext(chunks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import openai
@@ -13,6 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from activities.adapters.fake import fake_output
+from projections.scope import Scope
 from tests.conftest import Stack, eventually
 
 
@@ -243,3 +245,37 @@ async def test_a_line_too_long_to_hold_is_reported_not_read(stack: Stack) -> Non
     assert done.status == "failed"
     assert done.errors is not None
     assert [(e.line, e.code) for e in done.errors.data or []] == [(1, "line_too_large")]
+
+
+async def test_an_admin_may_batch_a_members_file(stack: Stack) -> None:
+    member = sdk(stack)  # alice of acme
+    admin = sdk(stack, await stack.key("acme", "carol", role="admin"))
+    file_id = await upload(member, jsonl([chat_line("a", "from alice's file")]))
+    batch = await admin.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await finished(admin, batch.id, timeout=60)
+    assert done.status == "completed", done
+    assert done.request_counts is not None and done.request_counts.completed == 1
+
+
+async def test_a_batch_whose_input_file_was_deleted_fails_saying_so(stack: Stack) -> None:
+    client = sdk(stack)
+    file_id = await upload(client, jsonl([chat_line("a", "gone")]))
+    await client.files.delete(file_id)
+    # As if the file were deleted between the batch's creation and its first read.
+    made = await stack.projection.store.batches.create(
+        Scope("acme", "alice"),
+        {
+            "endpoint": "/v1/chat/completions",
+            "input_file_id": file_id,
+            "completion_window": "24h",
+            "meta": None,
+            "expires_at": datetime.now(UTC) + timedelta(hours=24),
+        },
+    )
+    done = await finished(client, made.batch_id, timeout=30)
+    assert done.status == "failed", done
+    assert done.errors is not None and done.errors.data is not None
+    [error] = done.errors.data
+    assert error.code == "invalid_file" and file_id in (error.message or "")
