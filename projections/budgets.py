@@ -122,6 +122,16 @@ class BudgetWait:
         return self.reason
 
 
+@dataclass(frozen=True)
+class Probe:
+    """The call is to probe its budget's limits (the first on its provider and model, or
+    the one after a probe that never answered): `draw`, what it draws meanwhile (its org's
+    quota, if any). The probe is claimed (`claim_probe`) only once the call surely starts,
+    in the same transaction: a job its org's slots refuse takes no probe."""
+
+    draw: Draw | None
+
+
 class OverBudget(ValueError):
     """A job whose call alone needs more tokens than its provider budget has in a minute:
     it could never run, so it is refused at submission."""
@@ -140,7 +150,7 @@ class OverBudget(ValueError):
 # -- inside the transaction that starts an attempt ---------------------------------------
 
 
-def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetWait | None:
+def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetWait | Probe | None:
     """Whether the attempt may call now: the draw to `take` once the attempt has started in
     the same transaction (its tokens at most the budget's minute: a job that fits at all
     must fit some time), or None when the budget has no limits to draw on; else the wait,
@@ -161,13 +171,7 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
         free = draw
     budget = tx.execute(select(BUDGETS).where(BUDGETS.c.name == draw.budget)).first()
     if budget is None:
-        if draw.probe:
-            tx.execute(
-                BUDGETS.insert().values(
-                    name=draw.budget, probe_until=now + PROBE_FOR, updated_at=now, rate_limited=0
-                )
-            )
-        return free
+        return Probe(free) if draw.probe else free
     limits = Limits.of(budget)
     paused = budget.paused_until is not None and budget.paused_until > now
     if limits.rpm is None and limits.tpm is None and not paused:
@@ -175,12 +179,7 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
             return free
         if budget.probe_until <= now:
             # The probe never answered: this call probes instead.
-            tx.execute(
-                update(BUDGETS)
-                .where(BUDGETS.c.name == draw.budget)
-                .values(probe_until=now + PROBE_FOR)
-            )
-            return free
+            return Probe(free)
         reason = (
             f"provider budget {draw.budget}: waiting for the provider's first answer, which "
             "says its rate limits"
@@ -242,6 +241,13 @@ def _wait(
         .values(waiting_for=reason[:1000], next_attempt_at=until)
     )
     return BudgetWait(draw.budget, until, reason)
+
+
+def claim_probe(tx: WriteTx, budget: str, now: datetime) -> None:
+    """The call that starts now probes `budget`: the others wait for its answer (PROBE_FOR
+    at most). The budget is made if it is new."""
+    _ensure(tx, budget, now)
+    tx.execute(update(BUDGETS).where(BUDGETS.c.name == budget).values(probe_until=now + PROBE_FOR))
 
 
 def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> None:

@@ -328,7 +328,7 @@ class Projector:
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
             draw: Draw | None = None
-            drew = False
+            drew = probe = False
             prompt: Prompt | None = None
             if draw_of is not None and (seen := _job_row(tx, job_id)) is not None:
                 prompt = _prompt_of(tx, seen.prompt_id)
@@ -340,8 +340,20 @@ class Projector:
                     room = budgets.check(tx, job_id, draw, now)
                     if isinstance(room, BudgetWait):
                         return Applied(False, seen.state, seen.attempt, budget_wait=room)
+                    if isinstance(room, budgets.Probe):
+                        probe, room = True, room.draw
                     drew = room is not None
                     draw = room or draw
+
+            def drawn() -> None:
+                """The call starts: its draw is taken, its probe claimed."""
+                if draw is not None and drew:
+                    budgets.take(tx, job_id, attempt, draw, now)
+                elif draw is not None:
+                    budgets.stop_waiting(tx, job_id)  # it may have waited for a probe
+                if draw is not None and probe:
+                    budgets.claim_probe(tx, draw.budget, now)
+
             if org_limit is not None and (waiting := admit(tx, job_id, org_limit, now)):
                 if draw is not None:
                     budgets.stop_waiting(tx, job_id)
@@ -350,10 +362,7 @@ class Projector:
                 return Applied(False, seen.state, seen.attempt, waiting=waiting)
             job = transition(tx, running, now)
             if job is not None:
-                if draw is not None and drew:
-                    budgets.take(tx, job_id, attempt, draw, now)
-                elif draw is not None:
-                    budgets.stop_waiting(tx, job_id)  # it may have waited for a probe
+                drawn()
                 reset_output(tx, job, now)
                 started = _started(tx, job, [job.last_event_id], prompt)
                 return replace(started, draw=draw, drew=drew)
@@ -377,8 +386,7 @@ class Projector:
             events = [j.last_event_id for j in (lost, job) if j is not None]
             if job is None:
                 return Applied(False, *_state_of(tx, job_id), events)
-            if draw is not None and drew:
-                budgets.take(tx, job_id, attempt, draw, now)
+            drawn()
             reset_output(tx, job, now)
             return replace(_started(tx, job, events, prompt), draw=draw, drew=drew)
 

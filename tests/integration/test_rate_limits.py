@@ -15,9 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 from temporalio.testing import WorkflowEnvironment
 
 from projections import budgets
+from projections.models import Job
 from promptjobs import mock_provider
 from tests.conftest import (
     MockProviderServer,
@@ -181,6 +183,59 @@ async def test_limits_learned_from_an_answer_naming_a_dated_model_belong_to_the_
     assert [(b.name, b.learned_rpm, b.learned_tpm) for b in standing] == [
         (f"{provider}/gpt-test", 100, 100_000)
     ]
+
+
+async def test_a_job_its_orgs_slots_refuse_takes_no_probe(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # Org acme may run one job at a time and a long call holds it: its next job, the first on
+    # a new model, is refused a slot, and must not leave that model's probe taken with no
+    # call out, or another org's first call there would wait PROBE_FOR (30 s) for nothing.
+    async with limited_mock(rpm=100, tpm=100_000) as mock:
+        settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2, org_max_running=1)
+        async with running_stack(settings, dev_server.client) as stack:
+            holding = await stack.submit(
+                f"hold {uuid.uuid4().hex} mock:delay_ms=15000",
+                max_attempts=1,
+                options={"provider": "openai", "model": "gpt-hold"},
+            )
+            await eventually(
+                lambda: stack.job(holding["job_id"]), lambda job: job["state"] == "running"
+            )
+            refused = await stack.submit(
+                f"refused {uuid.uuid4().hex}",
+                max_attempts=1,
+                options={"provider": "openai", "model": "gpt-new"},
+            )
+
+            async def awaiting_slot() -> object:
+                async with stack.projection.sessions() as session:
+                    return await session.scalar(
+                        select(Job.awaiting_slot_since).where(Job.job_id == refused["job_id"])
+                    )
+
+            await eventually(awaiting_slot, lambda since: since is not None)
+            other = stack.as_user(await stack.key("globex", "bob"))
+            accepted = (
+                await other.post(
+                    "/v1/prompts",
+                    json={
+                        "prompt": f"other org {uuid.uuid4().hex}",
+                        "max_attempts": 1,
+                        "options": {"provider": "openai", "model": "gpt-new"},
+                    },
+                )
+            ).json()
+
+            async def row() -> dict[str, Any]:
+                return (await other.get(f"/v1/jobs/{accepted['job_id']}")).json()  # type: ignore[no-any-return]
+
+            job = await eventually(
+                row,
+                lambda job: job["state"] == "succeeded",
+                timeout=budgets.PROBE_FOR.total_seconds() - 10,
+            )
+    assert job["attempt"] == 1
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
