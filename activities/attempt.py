@@ -61,6 +61,9 @@ from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
 TRACER = trace.get_tracer("promptjobs.activities")
+# The outcomes of a call its provider refused as a client's error: the model may not exist
+# there, so a probe that ended so keeps no budget for it.
+UNANSWERED = frozenset({ErrorKind.PROVIDER_4XX.value, ErrorKind.AUTH.value})
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,7 @@ class Attempt:
                 drew=drew and self.draw is not None,
                 counted=drew,
                 probing=self.probing,
+                answered=usage.outcome not in UNANSWERED,
                 started_at=usage.started_at,
                 tokens=(usage.input_tokens or 0) + (usage.output_tokens or 0),
                 output_tokens=usage.output_tokens or 0,

@@ -53,6 +53,9 @@ class WorkerBudgets:
     adapters: AdapterRegistry
     # Each priority point is worth this many seconds of waiting (PROMPTJOBS_PRIORITY_AGING_S).
     aging_s: float = 5.0
+    # The budgets the fleet keeps at most (PROMPTJOBS_MAX_PROVIDER_BUDGETS): past it, a call
+    # on a model with none runs without one rather than probe (and make one).
+    most: int = 1000
     refresh_s: float = 2.0
     # Every budget the store has, and whether it may refuse a call (a limit, pause, probe).
     _known: dict[str, bool] = field(default_factory=dict)
@@ -94,10 +97,15 @@ class WorkerBudgets:
         options = job_options(job, prompt)
         name = self.name_of(job, prompt)
         binds = self._known.get(name)
-        learns = self.adapters.learns_limits(options)
+        learns = self.adapters.learns_limits(options) and (
+            binds is not None or len(self._known) < self.most
+        )
         quota = self._quotas.get(job.org)
         if quota is None and (binds is False or (binds is None and not learns)):
             return None
+        if binds is None and learns:
+            # Counted at once toward `most`: the next read confirms it (or drops it).
+            self._known[name] = True
         tokens = self.estimate(job, prompt, name)
         return Draw(
             name, tokens, job.priority, self.aging_s, probe=learns, org=job.org, org_tpm=quota
@@ -120,6 +128,7 @@ class WorkerBudgets:
         drew: bool,
         counted: bool,
         probing: bool = False,
+        answered: bool = True,
         started_at: datetime,
         tokens: int,
         output_tokens: int,
@@ -128,8 +137,19 @@ class WorkerBudgets:
         """Charge the draw what the call cost, and keep what the provider said of its limits
         (written only when it changed: most answers repeat the last). A call the provider
         `counted` that drew nothing (its budget was not known when it started) is counted
-        now, so the budget's minute holds what the provider's does."""
-        changed = limits is not None and self._learned.get(name) != limits
+        now, so the budget's minute holds what the provider's does. A probe the provider did
+        not answer for its model (`answered` False: a client error, an unknown model say)
+        learns nothing and leaves no budget: a tenant's junk model names make no rows."""
+        if probing and not answered:
+            await self.store.discard_unanswered(name)
+            self._known.pop(name, None)
+            return
+        changed = (
+            limits is not None
+            and self._learned.get(name) != limits
+            # A budget the cap kept from being made is not made by what its call taught.
+            and (name in self._known or len(self._known) < self.most)
+        )
         if changed or (probing and name not in self._learned):
             # What the provider says of its limits (nothing: the probe is over all the same).
             said = limits or ProviderLimits(None, None)

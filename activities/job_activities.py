@@ -70,6 +70,7 @@ class JobActivities:
         prices: PriceTable | None = None,
         metrics_org_labels: bool = False,
         priority_aging_s: float = 5.0,
+        max_provider_budgets: int = 1000,
         task_queue: str | None = None,
         worker_heartbeat_s: float = 15.0,
         own_slots: int = 0,
@@ -85,7 +86,9 @@ class JobActivities:
             or OutputStreams(store.projector.append_outputs, store.attempts_standing),
             prices=prices or PriceTable.load(None),
             worker=self.worker,
-            budgets=WorkerBudgets(store.budgets, adapters, aging_s=priority_aging_s),
+            budgets=WorkerBudgets(
+                store.budgets, adapters, aging_s=priority_aging_s, most=max_provider_budgets
+            ),
             metrics_org_labels=metrics_org_labels,
         )
         # An attempt tells its workflow it is running (for the Web UI) only once it has run

@@ -526,6 +526,23 @@ class Budgets:
     async def learn(self, name: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
         await self.writes.run(lambda tx: learn(tx, name, rpm, tpm, now))
 
+    async def discard_unanswered(self, name: str) -> None:
+        """Remove a budget its probe made, if nothing more was set or learned on it since."""
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                delete(BUDGETS).where(
+                    BUDGETS.c.name == name,
+                    BUDGETS.c.rpm.is_(None),
+                    BUDGETS.c.tpm.is_(None),
+                    BUDGETS.c.learned_rpm.is_(None),
+                    BUDGETS.c.learned_tpm.is_(None),
+                    BUDGETS.c.paused_until.is_(None),
+                )
+            )
+
+        await self.writes.run(write)
+
     async def drawn_after(
         self, name: str, job_id: str, attempt: int, drawn_at: datetime, tokens: int
     ) -> None:

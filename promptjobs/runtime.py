@@ -83,6 +83,7 @@ def build_worker(
         prices=PriceTable.load(settings.prices_file),
         metrics_org_labels=settings.metrics_org_labels,
         priority_aging_s=settings.priority_aging_s,
+        max_provider_budgets=settings.max_provider_budgets,
         task_queue=settings.temporal_task_queue,
         worker_heartbeat_s=settings.worker_heartbeat_s,
         own_slots=settings.worker_max_concurrent_activities,

@@ -161,6 +161,11 @@ class Settings(BaseSettings):
     in priority order, and a waiting job's priority improves by one for every this many
     seconds it waits: a priority-90 job goes before fresh priority-10 work after
     80 times this (400 s by default), so no job starves under a steady urgent load."""
+    max_provider_budgets: int = Field(default=1000, ge=1)
+    """Provider budgets the fleet keeps at most (`promptjobs budgets list`). A budget is made
+    by the first call on a provider and model, to learn its limits; at this many, a call on
+    a model without one runs without a budget (a 429 still pauses it). A first call the
+    provider refuses as a client error (an unknown model, say) leaves no budget behind."""
     fake_adapter: bool = False
     """Offer the `fake` provider (deterministic output; `options.fake` injects latency and
     failures). On in `promptjobs dev` and the tests; off by default for `promptjobs api` and

@@ -238,6 +238,45 @@ async def test_a_job_its_orgs_slots_refuse_takes_no_probe(
     assert job["attempt"] == 1
 
 
+async def test_tenants_cannot_mint_provider_budgets_without_bound(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    # Model names the provider refuses (404) leave no budget; past the fleet's cap, a call on
+    # a new model runs without one. Every job still runs as it would.
+    async with limited_mock(rpm=1000, tpm=1_000_000) as mock:
+        settings = provider_settings(
+            tmp_path, mock, dispatcher_interval_s=0.2, max_provider_budgets=3
+        )
+        async with running_stack(settings, dev_server.client) as stack:
+            junk = [
+                await stack.submit(
+                    f"junk {i} {uuid.uuid4().hex} mock:fail=404",
+                    max_attempts=1,
+                    options={"provider": "openai", "model": f"no-such-model-{i}"},
+                )
+                for i in range(10)
+            ]
+            for accepted in junk:
+                job = await stack.settled(accepted["job_id"], timeout=30)
+                assert (job["state"], job["error_kind"]) == ("failed", "provider_4xx")
+            assert await stack.projection.store.budgets.standing(datetime.now(UTC)) == []
+            real = [
+                await stack.submit(
+                    f"real {i} {uuid.uuid4().hex}",
+                    max_attempts=1,
+                    options={"provider": "openai", "model": f"gpt-real-{i}"},
+                )
+                for i in range(6)
+            ]
+            for accepted in real:
+                job = await stack.settled(accepted["job_id"], timeout=30)
+                assert job["state"] == "succeeded"
+            standing = await stack.projection.store.budgets.standing(datetime.now(UTC))
+    # A worker reads the budgets every 2 s: a burst may overshoot the cap by what it started
+    # before its next read, never by the burst's whole width.
+    assert 1 <= len(standing) <= 3 + 2
+
+
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
     dev_server: WorkflowEnvironment,
