@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -101,7 +102,8 @@ BUDGET_WAITING = Gauge(
 )
 BUDGET_PAUSED = Gauge(
     "promptjobs_budget_paused",
-    "1 while a provider budget is paused by the provider's 429 (its Retry-After), else 0",
+    "1 while a provider budget is paused by the provider's 429 (its Retry-After), else 0 "
+    '(budget="other": how many of the budgets past the label cap are paused)',
     ["budget"],
 )
 BUDGET_RATE_LIMITED = Gauge(
@@ -182,22 +184,73 @@ class BudgetFigures(Protocol):
     def rate_limited(self) -> int: ...
 
 
+# Budgets are named by tenants' model names too: past this many a process sums the rest
+# under "other" (their own set: a budget's name never takes a model's place, or the reverse).
+MAX_BUDGET_LABELS = 200
+_budgets: set[str] = set()
+
+
+def budget_label(name: str) -> str:
+    if name in _budgets:
+        return name
+    if len(_budgets) < MAX_BUDGET_LABELS:
+        _budgets.add(name)
+        return name
+    return "other"
+
+
+@dataclass
+class _BudgetSums:
+    """One label's figures: one budget's, or the sum of those under "other"."""
+
+    requests_limit: int | None = None
+    tokens_limit: int | None = None
+    requests: int = 0
+    tokens: int = 0
+    reserved: int = 0
+    waiting: int = 0
+    paused: int = 0
+    rate_limited: int = 0
+
+    def add(self, b: BudgetFigures) -> None:
+        if b.rpm is not None:
+            self.requests_limit = (self.requests_limit or 0) + b.rpm
+        if b.tpm is not None:
+            self.tokens_limit = (self.tokens_limit or 0) + b.tpm
+        self.requests += b.requests
+        self.tokens += b.tokens + b.reserved
+        self.reserved += b.reserved
+        self.waiting += b.waiting
+        self.paused += b.paused_until is not None
+        self.rate_limited += b.rate_limited
+
+
 def record_budgets(budgets: Iterable[BudgetFigures]) -> None:
-    """Each budget's figures (the budget's name is bounded as a model's is: a tenant's
-    options name the model)."""
-    for gauge in (BUDGET_LIMIT, BUDGET_USED, BUDGET_RESERVED, BUDGET_WAITING, BUDGET_PAUSED):
+    """Each budget's figures, set anew (a budget forgotten since leaves no series). Past
+    MAX_BUDGET_LABELS budgets the rest are summed under `budget="other"`: its paused gauge
+    counts how many of them are paused."""
+    for gauge in (
+        BUDGET_LIMIT,
+        BUDGET_USED,
+        BUDGET_RESERVED,
+        BUDGET_WAITING,
+        BUDGET_PAUSED,
+        BUDGET_RATE_LIMITED,
+    ):
         gauge.clear()
+    sums: dict[str, _BudgetSums] = {}
     for b in budgets:
-        name = model_label(b.name)
-        for unit, limit in (("requests", b.rpm), ("tokens", b.tpm)):
+        sums.setdefault(budget_label(b.name), _BudgetSums()).add(b)
+    for name, f in sums.items():
+        for unit, limit in (("requests", f.requests_limit), ("tokens", f.tokens_limit)):
             if limit is not None:
                 BUDGET_LIMIT.labels(budget=name, unit=unit).set(limit)
-        BUDGET_USED.labels(budget=name, unit="requests").set(b.requests)
-        BUDGET_USED.labels(budget=name, unit="tokens").set(b.tokens + b.reserved)
-        BUDGET_RESERVED.labels(budget=name).set(b.reserved)
-        BUDGET_WAITING.labels(budget=name).set(b.waiting)
-        BUDGET_PAUSED.labels(budget=name).set(0 if b.paused_until is None else 1)
-        BUDGET_RATE_LIMITED.labels(budget=name).set(b.rate_limited)
+        BUDGET_USED.labels(budget=name, unit="requests").set(f.requests)
+        BUDGET_USED.labels(budget=name, unit="tokens").set(f.tokens)
+        BUDGET_RESERVED.labels(budget=name).set(f.reserved)
+        BUDGET_WAITING.labels(budget=name).set(f.waiting)
+        BUDGET_PAUSED.labels(budget=name).set(f.paused)
+        BUDGET_RATE_LIMITED.labels(budget=name).set(f.rate_limited)
 
 
 def record_queue_depth(counts: dict[JobState, int]) -> None:
