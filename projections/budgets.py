@@ -24,7 +24,8 @@ A 429 pauses the budget until the provider's Retry-After for every worker (`paus
 and gives back the refused call's draw: the provider did not count it.
 
 On PostgreSQL the check and the draw are serialised per budget by an advisory lock held for
-the transaction; on SQLite the single writer serialises them.
+the transaction (and per org, first, where the org has a token quota over all its budgets);
+on SQLite the single writer serialises them.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def held_for() -> timedelta:
 
 # pg_advisory_xact_lock(key1, key2): this namespace, then the budget's hash.
 BUDGET_LOCK_NAMESPACE = 7215003
+# The same, for an org's token quota over all its budgets (keyed by the org's hash).
+ORG_QUOTA_LOCK_NAMESPACE = 7215004
 _BUDGET_LOCK = text("SELECT pg_advisory_xact_lock(:namespace, hashtext(:budget))")
 # A waiting job's timer fires no sooner than this, and no later than WINDOW: the room it
 # waits for is at most a window away, or the dispatcher's wake comes first.
@@ -161,6 +164,10 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
     and the others wait for its answer (PROBE_FOR at most), so a cold backlog does not hit
     the provider all at once before anyone knows its limits."""
     if tx.postgresql:
+        if draw.org_tpm is not None:
+            # The org's quota spans all its budgets: its attempts on two models must not both
+            # pass it. Taken before the budget's lock, always in that order.
+            tx.execute(_BUDGET_LOCK, {"namespace": ORG_QUOTA_LOCK_NAMESPACE, "budget": draw.org})
         tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
     # Where the org has a quota every call draws, so the org's minute counts them all.
     free: Draw | None = None

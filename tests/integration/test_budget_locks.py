@@ -1,0 +1,73 @@
+"""Provider budgets' guards on PostgreSQL, where several workers check and draw at once: the
+interleavings that could overshoot a bound are forced, and the bound holds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from projections import budgets
+from projections.budgets import BudgetWait, Draw
+from projections.db import SyncWriter, WriteTx
+from projections.scope import Scope
+from projections.writes import Submission
+from promptjobs.runtime import Projection
+
+ACME = Scope("acme", "root", "admin")
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def database_url(pg_database: str) -> str:
+    """PostgreSQL only: SQLite has one writer at a time, so no two checks interleave."""
+    return pg_database
+
+
+async def test_an_orgs_token_quota_holds_across_its_budgets_when_two_attempts_start_at_once(
+    projection: Projection,
+) -> None:
+    """Two attempts of one org on two models, each 80 tokens of the org's 100 a minute: the
+    first checks and draws and holds its transaction open while the second checks. The
+    second must see the first's draw (it waits for the org's lock), and wait for room."""
+    store = projection.store
+    first_job = (await store.submit(ACME, Submission("first", 50, 3, {}))).job.job_id
+    second_job = (await store.submit(ACME, Submission("second", 50, 3, {}))).job.job_id
+
+    def draw(budget: str) -> Draw:
+        return Draw(budget, 80, 50, 5.0, org="acme", org_tpm=100)
+
+    first_drew, second_checked = threading.Event(), threading.Event()
+
+    def first(tx: WriteTx) -> object:
+        now = datetime.now(UTC)
+        room = budgets.check(tx, first_job, draw("openai/model-a"), now)
+        assert isinstance(room, Draw)
+        budgets.take(tx, first_job, 1, room, now)
+        first_drew.set()
+        # Open until the second has checked, or long enough that it is surely blocked.
+        second_checked.wait(2)
+        return room
+
+    def second(tx: WriteTx) -> object:
+        assert first_drew.wait(10)
+        try:
+            return budgets.check(tx, second_job, draw("openai/model-b"), datetime.now(UTC))
+        finally:
+            second_checked.set()
+
+    url = projection.engine.url.render_as_string(hide_password=False)
+    writers = [SyncWriter(url), SyncWriter(url)]
+    try:
+        [first_room], [second_room] = await asyncio.gather(
+            asyncio.to_thread(writers[0].run, [first]),
+            asyncio.to_thread(writers[1].run, [second]),
+        )
+    finally:
+        for writer in writers:
+            writer.dispose()
+    assert isinstance(first_room, Draw)
+    assert isinstance(second_room, BudgetWait), "both passed the org's quota"
+    assert "token quota" in second_room.reason
