@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -64,6 +65,9 @@ from projections.streams import AttemptUsage, OutputBatch
 DIRECTLY = "deferrable, run directly"
 # The provider status of a batch the provider no longer answers for (HTTP 404 and the like).
 LOST = "lost"
+# The jobs of a batch read with their prompts at once, while it is sent: memory stays in
+# proportion to a page, not to the batch.
+PAGE = 500
 # A batch's requests at most, in bytes: under OpenAI's 200 MB input file and Anthropic's
 # 256 MB batch request. The jobs past it wait for the next batch.
 BATCH_BYTES = 180 * 2**20
@@ -164,12 +168,8 @@ class BatchActivities:
         try:
             found = await self._sent_before(api, batch)
             if found is None:
-                members = [
-                    m
-                    for m in await self.batches.members(batch.batch_id)
-                    if m.job.state is JobState.QUEUED
-                ]
-                if not members:
+                chosen = await self._choose(batch)
+                if chosen is None:
                     await self.batches.update(
                         batch.batch_id,
                         state="ended",
@@ -177,28 +177,7 @@ class BatchActivities:
                         ended_at=datetime.now(UTC),
                     )
                     return BatchSent(empty=True)
-                requests: list[AdapterRequest] = []
-                left: list[str] = []
-                size = 0
-                for member in members:
-                    request = await adapter_request(
-                        self.store, member.job, member.prompt, member.job.attempt + 1
-                    )
-                    try:
-                        self.adapters.validate(request.options)
-                    except InvalidOptions as err:
-                        # Its own call fails it, as `provider_4xx`, saying why.
-                        await self._direct(member, f"{DIRECTLY}: {err}")
-                        continue
-                    size += request_bytes(request)
-                    if size > BATCH_BYTES and requests:
-                        left.append(member.job.job_id)
-                        continue
-                    requests.append(request)
-                if left:
-                    # Past the providers' size limit: back to be gathered into the next batch.
-                    await self.batches.release(batch.batch_id, left)
-                if not requests:
+                if not chosen:
                     return await self._unsent(batch, "ended", "no job of it can run")
                 # Kept before the provider is asked: a try after this one cannot know whether
                 # the provider made the batch, and looks for it before sending again.
@@ -206,10 +185,10 @@ class BatchActivities:
                 await through_outages(
                     "record send",
                     lambda: self.batches.update(
-                        batch.batch_id, sending_at=sending_at, lines_sent=len(requests)
+                        batch.batch_id, sending_at=sending_at, lines_sent=len(chosen)
                     ),
                 )
-                found = await api.submit(batch.batch_id, batch.model, requests)
+                found = await api.submit(batch.batch_id, batch.model, self._lines(chosen))
         except BatchUnsupported as err:
             return await self._unsent(batch, "unsupported", str(err))
         except AdapterError as err:
@@ -229,6 +208,47 @@ class BatchActivities:
             ),
         )
         return BatchSent(found)
+
+    async def _choose(self, batch: ProviderBatch) -> list[str] | None:
+        """The jobs the batch sends: its still-queued ones (None: it has none) that their
+        adapter takes (the others run directly, where their own call says why), within the
+        providers' size limit (the rest go back to be gathered into the next batch). Read a
+        page of prompts at a time: only the chosen ids are held."""
+        chosen: list[str] = []
+        left: list[str] = []
+        size, queued = 0, False
+        after: Member | None = None
+        while page := await self.batches.with_prompts(batch.batch_id, after=after, limit=PAGE):
+            after = page[-1]
+            for member in page:
+                if member.job.state is not JobState.QUEUED:
+                    continue
+                queued = True
+                request = await self._request(member)
+                try:
+                    self.adapters.validate(request.options)
+                except InvalidOptions as err:
+                    # Its own call fails it, as `provider_4xx`, saying why.
+                    await self._direct(member, f"{DIRECTLY}: {err}")
+                    continue
+                size += request_bytes(request)
+                if size > BATCH_BYTES and chosen:
+                    left.append(member.job.job_id)
+                    continue
+                chosen.append(member.job.job_id)
+        if left:
+            await self.batches.release(batch.batch_id, left)
+        return chosen if queued else None
+
+    async def _lines(self, job_ids: list[str]) -> AsyncIterator[AdapterRequest]:
+        """The chosen jobs' requests, read a page of prompts at a time."""
+        for first in range(0, len(job_ids), PAGE):
+            for member in await self.batches.prompts_of(job_ids[first : first + PAGE]):
+                yield await self._request(member)
+
+    async def _request(self, member: Member) -> AdapterRequest:
+        assert member.prompt is not None
+        return await adapter_request(self.store, member.job, member.prompt, member.job.attempt + 1)
 
     async def _sent_before(self, api: BatchAPI, batch: ProviderBatch) -> str | None:
         """The provider batch an earlier try's send made, if one began (its answer lost to a
@@ -407,7 +427,7 @@ class BatchActivities:
             if line.result is not None or line.error is not None:
                 # The tokens were spent all the same: record them (the row stays as it is).
                 attempt = member.deferred.attempt or job.attempt + 1
-                usage = self._usage(batch, member, attempt, line)
+                usage = await self._usage(batch, member, attempt, line)
                 await self.store.projector.end_attempt(None, self._count(usage))
         elif line.result is None and line.error is None:
             verdict = await self._not_run(batch, member)
@@ -427,7 +447,7 @@ class BatchActivities:
         metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
         return usage
 
-    def _usage(
+    async def _usage(
         self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
     ) -> AttemptUsage:
         result, now = line.result, datetime.now(UTC)
@@ -436,7 +456,9 @@ class BatchActivities:
         output_tokens = result.output_tokens if result else None
         estimated = result is not None and (input_tokens is None or output_tokens is None)
         if result is not None and input_tokens is None:
-            input_tokens = estimate_tokens(member.prompt.text)
+            # Read only here: settling does not hold a batch's prompts.
+            _job, prompt = await self.store.job_and_prompt(member.job.job_id)
+            input_tokens = estimate_tokens(prompt.text)
         if result is not None and output_tokens is None:
             output_tokens = estimate_tokens(result.text)
         model = result.model if result else batch.model
@@ -469,7 +491,7 @@ class BatchActivities:
     ) -> BatchVerdict:
         assert line.result is not None
         job_id = member.job.job_id
-        usage = self._count(self._usage(batch, member, attempt, line))
+        usage = self._count(await self._usage(batch, member, attempt, line))
         result = replace(
             line.result,
             input_tokens=usage.input_tokens,
@@ -503,7 +525,7 @@ class BatchActivities:
         err = line.error
         assert err is not None
         job = member.job
-        usage = self._count(self._usage(batch, member, attempt, line))
+        usage = self._count(await self._usage(batch, member, attempt, line))
         message = f"{err.message} (in {via_batch(batch)})"
         via = f"{DIRECTLY}: its line in {via_batch(batch)} failed ({err.kind.value})"
         if err.kind is ErrorKind.RATE_LIMIT:
@@ -555,7 +577,7 @@ class BatchActivities:
             next_attempt_at=datetime.now(UTC),
         )
         usage = replace(
-            self._usage(batch, member, job.attempt, LineResult(job.job_id)),
+            await self._usage(batch, member, job.attempt, LineResult(job.job_id)),
             outcome=ErrorKind.TIMEOUT.value,
         )
         await through_outages("re-queue", lambda: self.store.projector.apply(requeue, usage=usage))

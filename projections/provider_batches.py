@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -40,11 +40,12 @@ def new_provider_batch_id() -> str:
 
 @dataclass(frozen=True)
 class Member:
-    """A job of a provider batch, with its prompt and its place in the batch."""
+    """A job of a provider batch, with its place in the batch, and its prompt where it was
+    read (a batch's prompts are read a page at a time, only where they are needed)."""
 
     job: Job
-    prompt: Prompt
     deferred: DeferredJob
+    prompt: Prompt | None = None
 
 
 class ProviderBatches:
@@ -181,17 +182,43 @@ class ProviderBatches:
         return batch
 
     async def members(self, batch_id: str) -> list[Member]:
-        """The batch's jobs with their prompts, in the order they were deferred."""
+        """The batch's jobs without their prompts, in the order they were deferred."""
+        return [Member(job, deferred) for job, deferred in await self.jobs(batch_id)]
+
+    async def with_prompts(
+        self, batch_id: str, *, after: Member | None, limit: int
+    ) -> list[Member]:
+        """A page of the batch's jobs with their prompts, in the order they were deferred,
+        after `after` (the last of the page before)."""
         stmt = (
             select(Job, Prompt, DeferredJob)
             .join(DeferredJob, DeferredJob.job_id == Job.job_id)
             .join(Prompt, Prompt.prompt_id == Job.prompt_id)
             .where(DeferredJob.batch_id == batch_id)
             .order_by(DeferredJob.deferred_at, DeferredJob.job_id)
+            .limit(limit)
+        )
+        if after is not None:
+            stmt = stmt.where(
+                tuple_(DeferredJob.deferred_at, DeferredJob.job_id)
+                > tuple_(after.deferred.deferred_at, after.job.job_id)
+            )
+        async with self.sessions() as session:
+            rows = (await session.execute(stmt)).all()
+        return [Member(job, deferred, prompt) for job, prompt, deferred in rows]
+
+    async def prompts_of(self, job_ids: list[str]) -> list[Member]:
+        """These jobs with their prompts, in the order given."""
+        stmt = (
+            select(Job, Prompt, DeferredJob)
+            .join(DeferredJob, DeferredJob.job_id == Job.job_id)
+            .join(Prompt, Prompt.prompt_id == Job.prompt_id)
+            .where(Job.job_id.in_(job_ids))
         )
         async with self.sessions() as session:
             rows = (await session.execute(stmt)).all()
-        return [Member(job, prompt, deferred) for job, prompt, deferred in rows]
+        found = {job.job_id: Member(job, deferred, prompt) for job, prompt, deferred in rows}
+        return [found[job_id] for job_id in job_ids if job_id in found]
 
     async def jobs(self, batch_id: str) -> list[tuple[Job, DeferredJob]]:
         """The batch's jobs without their prompts (what a poll needs: a batch's prompts may

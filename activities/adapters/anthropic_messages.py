@@ -3,7 +3,7 @@ failures classified."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from datetime import datetime
 from functools import cached_property
 from typing import Any
@@ -300,9 +300,11 @@ class AnthropicBatches:
             raise self._failure(err) from err
         return found[::-1]
 
-    async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
+    async def submit(self, tag: str, model: str, lines: AsyncIterable[AdapterRequest]) -> str:
+        # One JSON body holds the whole batch (the SDK builds it whole): up to Anthropic's
+        # 256 MB request, held while it is sent (docs/providers.md).
         requests: list[Any] = [
-            {"custom_id": line.job_id, "params": self.adapter.params(line)} for line in lines
+            {"custom_id": line.job_id, "params": self.adapter.params(line)} async for line in lines
         ]
         try:
             batch = await self.adapter.client.messages.batches.create(requests=requests)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -101,7 +101,7 @@ class BatchAPI(Protocol):
         tag (OpenAI's metadata); else those made since then with as many lines (Anthropic)."""
         ...
 
-    async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
+    async def submit(self, tag: str, model: str, lines: AsyncIterable[AdapterRequest]) -> str:
         """Send one batch (each line's custom_id its job id); its provider id. Raise
         BatchUnsupported if the provider has no batch API, AdapterError on a failure."""
         ...

@@ -4,7 +4,8 @@ Ollama, LiteLLM, OpenRouter…) streamed through the official SDK, with its fail
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterable, AsyncIterator
 from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
@@ -245,6 +246,8 @@ class ChatCompletion(BaseModel):
 NOT_RUN = ("batch_expired", "batch_cancelled")
 ENDED = ("completed", "expired", "cancelled", "failed")
 ENDPOINT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
+# A batch's input file is kept in memory up to this size while it is written, then on disk.
+SPOOL_BYTES = 8 * 2**20
 
 
 class OpenAIBatches:
@@ -277,31 +280,30 @@ class OpenAIBatches:
             raise self._failure(err) from err
         return []
 
-    async def submit(self, tag: str, model: str, lines: list[AdapterRequest]) -> str:
-        rows = [
-            json.dumps(
-                {
+    async def submit(self, tag: str, model: str, lines: AsyncIterable[AdapterRequest]) -> str:
+        # The JSONL is written as the lines come, spilling to disk past SPOOL_BYTES, and
+        # uploaded from there: a batch's requests are never held whole.
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
+            async for line in lines:
+                row = {
                     "custom_id": line.job_id,
                     "method": "POST",
                     "url": ENDPOINT,
                     "body": self.adapter.body(line),
                 }
-            )
-            for line in lines
-        ]
-        client = self.adapter.client
-        try:
-            uploaded = await client.files.create(
-                file=(f"{tag}.jsonl", ("\n".join(rows) + "\n").encode()), purpose="batch"
-            )
-            batch = await client.batches.create(
-                input_file_id=uploaded.id,
-                endpoint=ENDPOINT,
-                completion_window="24h",
-                metadata={BATCH_TAG: tag},
-            )
-        except openai.OpenAIError as err:
-            raise self._failure(err) from err
+                spool.write(json.dumps(row).encode() + b"\n")
+            spool.seek(0)
+            client = self.adapter.client
+            try:
+                uploaded = await client.files.create(file=(f"{tag}.jsonl", spool), purpose="batch")
+                batch = await client.batches.create(
+                    input_file_id=uploaded.id,
+                    endpoint=ENDPOINT,
+                    completion_window="24h",
+                    metadata={BATCH_TAG: tag},
+                )
+            except openai.OpenAIError as err:
+                raise self._failure(err) from err
         return batch.id
 
     async def status(self, provider_batch_id: str) -> BatchStatus:
