@@ -1,4 +1,5 @@
-"""The retention schedule's activity: `jobs archive` in batches, heartbeating between them."""
+"""The retention schedule's activity: `jobs archive` in batches, heartbeating between them,
+then the files, `/v1/batches` and provider batches of the same age."""
 
 from __future__ import annotations
 
@@ -25,10 +26,14 @@ class RetentionActivities:
             batch=request.batch,
             progress=lambda so_far: activity.heartbeat(so_far.jobs),
         )
+        stored = await self.operations.archive_storage(before=before)
         return ArchiveReport(
             jobs=done.jobs,
             events=done.events,
             prompts=done.prompts,
             responses=done.responses,
             before=before.isoformat(),
+            files=stored.files,
+            batches=stored.batches,
+            provider_batches=stored.provider_batches,
         )

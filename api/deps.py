@@ -26,6 +26,7 @@ class Services:
     batches: BatchRunner
     max_prompt_bytes: int
     max_file_bytes: int
+    org_max_file_bytes: int
     sse_keepalive_s: float
     sse_max_lifetime_s: float
     queue_depth: QueueDepth

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import IO, Any
 
-from sqlalchemy import Table, delete, insert, select
+from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import GroupCommit, WriteTx
@@ -39,6 +39,15 @@ class FileTooLarge(Exception):
         self.limit = limit
 
 
+class OrgStorageFull(Exception):
+    """The org's files would take more than its storage quota."""
+
+    def __init__(self, quota: int, used: int) -> None:
+        super().__init__(f"the org's files take {used:,} of its {quota:,} bytes")
+        self.quota = quota
+        self.used = used
+
+
 class FileStore:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
         self.sessions = sessions
@@ -52,11 +61,39 @@ class FileStore:
         filename: str,
         source: IO[bytes],
         max_bytes: int,
+        org_quota: int | None = None,
         file_id: str | None = None,
     ) -> StoredFile:
-        """Store what `source` holds (read a chunk at a time) as a new file of the caller's."""
+        """Store what `source` holds (read a chunk at a time) as a new file of the caller's;
+        within `org_quota`, the bytes the org's files may take together (OrgStorageFull past
+        it: uploads at the same moment may each pass, so the org may overshoot by them)."""
         file_id = file_id or new_file_id()
+        if org_quota is not None:
+            used = await self.used(scope.org)
+            if used >= org_quota:
+                raise OrgStorageFull(org_quota, used)
+            try:
+                return await self.write(
+                    scope,
+                    file_id,
+                    purpose,
+                    filename,
+                    _read(source),
+                    min(max_bytes, org_quota - used),
+                )
+            except FileTooLarge as err:
+                if err.limit < max_bytes:
+                    raise OrgStorageFull(org_quota, used) from err
+                raise
         return await self.write(scope, file_id, purpose, filename, _read(source), max_bytes)
+
+    async def used(self, org: str) -> int:
+        """The bytes the org's files take."""
+        async with self.sessions() as session:
+            total = await session.scalar(
+                select(func.coalesce(func.sum(StoredFile.bytes), 0)).where(StoredFile.org == org)
+            )
+        return int(total or 0)
 
     async def write(
         self,

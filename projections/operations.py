@@ -13,17 +13,23 @@ from typing import Any
 from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections.batches import ACTIVE
 from projections.db import transaction
 from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
 from projections.models import (
     Attempt,
+    Batch,
+    BatchLine,
     DeferredJob,
+    FileChunk,
     Job,
     JobEvent,
     JobOutput,
     Prompt,
     PromptParent,
+    ProviderBatch,
     Response,
+    StoredFile,
 )
 from projections.projector import exclude_writers_of_prompts
 
@@ -105,6 +111,13 @@ class Archived:
     prompts: int
     responses: int
     dry_run: bool
+
+
+@dataclass(frozen=True)
+class StorageArchived:
+    files: int
+    batches: int
+    provider_batches: int
 
 
 async def _count(session: AsyncSession, rows: Select[Any]) -> int:
@@ -347,6 +360,39 @@ class Operations:
                 )
                 await session.execute(delete(Prompt).where(orphan))
         return counts
+
+    async def archive_storage(self, *, before: datetime) -> StorageArchived:
+        """Remove what the OpenAI routes and provider batches keep, made before `before`:
+        `/v1/batches` that are over, with their lines (their jobs go by `archive`, their
+        output and error files with the files); files, except the input of a batch not yet
+        over; and provider batches that are over and hold no job any more."""
+        async with transaction(self.sessions) as session:
+            old_batches = select(Batch.batch_id).where(
+                Batch.status.not_in(ACTIVE), Batch.created_at < before
+            )
+            batches = await _count(session, old_batches)
+            await session.execute(delete(BatchLine).where(BatchLine.batch_id.in_(old_batches)))
+            await session.execute(delete(Batch).where(Batch.batch_id.in_(old_batches)))
+            in_use = select(Batch.input_file_id).where(Batch.status.in_(ACTIVE))
+            old_files = select(StoredFile.file_id).where(
+                StoredFile.created_at < before, StoredFile.file_id.not_in(in_use)
+            )
+            files = await _count(session, old_files)
+            await session.execute(delete(FileChunk).where(FileChunk.file_id.in_(old_files)))
+            await session.execute(delete(StoredFile).where(StoredFile.file_id.in_(old_files)))
+            holding = select(DeferredJob.job_id).where(
+                DeferredJob.batch_id == ProviderBatch.batch_id
+            )
+            old_provider = and_(
+                ProviderBatch.ended_at.is_not(None),
+                ProviderBatch.created_at < before,
+                ~holding.exists(),
+            )
+            provider_batches = await _count(
+                session, select(ProviderBatch.batch_id).where(old_provider)
+            )
+            await session.execute(delete(ProviderBatch).where(old_provider))
+        return StorageArchived(files, batches, provider_batches)
 
     async def archive_in_batches(
         self,

@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     the provider with it)."""
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     """Largest file `POST /v1/files` accepts (a batch's input file), in bytes."""
+    org_max_file_bytes: int = Field(default=5 * 1024**3, ge=1)
+    """The files one org may keep at once, in bytes all told: an upload past it is refused
+    (413) until files are deleted, or retention removes them (`PROMPTJOBS_RETENTION_DAYS`)."""
+    batch_max_lines: int = Field(default=50_000, ge=1)
+    """Lines a `/v1/batches` input file may have (OpenAI's limit): a longer one fails the
+    batch's validation, and no job is made."""
     worker_max_concurrent_activities: int = Field(default=1000, ge=1)
     """Activities (adapter calls and projection writes) one worker runs at once."""
     worker_max_concurrent_workflow_tasks: int = Field(default=100, ge=2)

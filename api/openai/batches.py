@@ -92,11 +92,19 @@ class LineError(Exception):
 
 class BatchRunner:
     def __init__(
-        self, store: JobStore, jobs: JobService, *, max_prompt_bytes: int, interval_s: float = 1.0
+        self,
+        store: JobStore,
+        jobs: JobService,
+        *,
+        max_prompt_bytes: int,
+        max_lines: int = 50_000,
+        interval_s: float = 1.0,
     ) -> None:
         self.store = store
         self.jobs = jobs
         self.max_prompt_bytes = max_prompt_bytes
+        # An input file's lines at most (PROMPTJOBS_BATCH_MAX_LINES; OpenAI's is 50,000).
+        self.max_lines = max_lines
         self.interval_s = interval_s
         self._wake = asyncio.Event()
 
@@ -329,6 +337,19 @@ class BatchRunner:
         count = 0
         async for raw in self._lines(batch, scope):
             count += 1
+            if count > self.max_lines:
+                # Not read further: the batch fails, and no line of it becomes a job.
+                errors.insert(
+                    0,
+                    {
+                        "code": "too_many_lines",
+                        "message": f"The input file has more than {self.max_lines:,} lines, "
+                        "the most a batch may have (PROMPTJOBS_BATCH_MAX_LINES): split it.",
+                        "param": "input_file_id",
+                        "line": None,
+                    },
+                )
+                break
             try:
                 line = self.parse(raw, count - 1, batch.endpoint, seen)
                 seen.add(line.custom_id)

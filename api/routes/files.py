@@ -12,7 +12,7 @@ from api.deps import Caller, ServicesDep
 from api.openai.responses import UnsupportedParameter
 from api.problems import problem_responses
 from projections.batches import timestamp
-from projections.files import FileTooLarge
+from projections.files import FileTooLarge, OrgStorageFull
 from projections.models import StoredFile
 
 router = APIRouter(prefix="/v1/files", tags=["openai"])
@@ -56,7 +56,16 @@ async def upload_file(
             filename=(file.filename or "upload.jsonl")[:255],
             source=file.file,
             max_bytes=services.max_file_bytes,
+            org_quota=services.org_max_file_bytes,
         )
+    except OrgStorageFull as err:
+        raise UnsupportedParameter(
+            "file",
+            f"your organisation's files take {err.used:,} of the {err.quota:,} bytes they may "
+            "(PROMPTJOBS_ORG_MAX_FILE_BYTES): delete files you no longer need",
+            code="storage_quota_exceeded",
+            status=413,
+        ) from err
     except FileTooLarge as err:
         raise UnsupportedParameter(
             "file",

@@ -7,15 +7,17 @@ from __future__ import annotations
 import io
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI
+from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.fake import fake_output
 from projections.scope import Scope
-from tests.conftest import Stack, eventually
+from tests.conftest import Stack, eventually, make_settings, running_stack
 
 
 def sdk(stack: Stack, key: str | None = None) -> AsyncOpenAI:
@@ -279,3 +281,39 @@ async def test_a_batch_whose_input_file_was_deleted_fails_saying_so(stack: Stack
     assert done.errors is not None and done.errors.data is not None
     [error] = done.errors.data
     assert error.code == "invalid_file" and file_id in (error.message or "")
+
+
+async def test_an_input_file_past_the_line_cap_fails_its_batch_and_makes_no_job(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, batch_max_lines=3)
+    async with running_stack(settings, dev_server.client) as stack:
+        client = sdk(stack)
+        file_id = await upload(client, jsonl([chat_line(f"l{i}", f"line {i}") for i in range(4)]))
+        batch = await client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await finished(client, batch.id, timeout=30)
+        jobs = (await stack.http.get("/v1/jobs")).json()["jobs"]
+    assert done.status == "failed"
+    assert done.errors is not None and done.errors.data is not None
+    assert done.errors.data[0].code == "too_many_lines"
+    assert jobs == []
+
+
+async def test_an_upload_past_the_orgs_storage_quota_is_refused(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path, org_max_file_bytes=1000)
+    async with running_stack(settings, dev_server.client) as stack:
+        client = sdk(stack)
+        first = await upload(client, b"x" * 600)
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.files.create(file=("more.jsonl", io.BytesIO(b"y" * 600)), purpose="batch")
+        assert refused.value.status_code == 413
+        assert "PROMPTJOBS_ORG_MAX_FILE_BYTES" in str(refused.value)
+        # Another org has its own quota; deleting frees the caller's.
+        other = sdk(stack, await stack.key("globex", "bob"))
+        await upload(other, b"z" * 600)
+        await client.files.delete(first)
+        await upload(client, b"y" * 600)

@@ -3,6 +3,7 @@ jobs once they are older than PROMPTJOBS_RETENTION_DAYS (issue 22, item 7)."""
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 from activities.contracts import ArchiveExpired
+from projections.models import ProviderBatch
+from projections.scope import Scope
 from services.retention import schedule_id
 from tests.conftest import Stack, eventually, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
@@ -128,3 +131,58 @@ async def described_or_none(handle: ScheduleHandle) -> ScheduleDescription | Non
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+
+
+async def test_retention_removes_files_batches_and_provider_batches_but_no_active_batchs_input(
+    stack: Stack,
+) -> None:
+    store, owner = stack.projection.store, Scope("acme", "alice")
+
+    async def stored(name: str) -> str:
+        made = await store.files.create(
+            owner, purpose="batch", filename=name, source=io.BytesIO(b"{}\n"), max_bytes=100
+        )
+        return made.file_id
+
+    active_input, done_input, loose = await stored("a"), await stored("b"), await stored("c")
+    values = {"endpoint": "/v1/chat/completions", "completion_window": "24h", "meta": None}
+    later = datetime.now(UTC) + timedelta(days=1)
+    active = await store.batches.create(
+        owner, {**values, "input_file_id": active_input, "expires_at": later}
+    )
+    done = await store.batches.create(
+        owner, {**values, "input_file_id": done_input, "expires_at": later}
+    )
+    assert await store.batches.move(done.batch_id, "completed", came_from=("validating",))
+    async with stack.projection.sessions() as session:
+        now = datetime.now(UTC)
+        for batch_id, ended in (("pbatch_ended", now), ("pbatch_running", None)):
+            session.add(
+                ProviderBatch(
+                    batch_id=batch_id,
+                    provider="openai",
+                    model="m",
+                    state="ended" if ended else "sent",
+                    jobs=0,
+                    workflow_started=True,
+                    unreadable_lines=0,
+                    duplicate_lines=0,
+                    created_at=now,
+                    ended_at=ended,
+                )
+            )
+        await session.commit()
+
+    removed = await store.operations.archive_storage(
+        before=datetime.now(UTC) + timedelta(seconds=1)
+    )
+
+    assert (removed.files, removed.batches, removed.provider_batches) == (2, 1, 1)
+    assert [b.batch_id for b in await store.provider_batches.recent(10)] == ["pbatch_running"]
+    assert [
+        f.file_id for f in await store.files.page(owner, limit=10, after=None, purpose=None)
+    ] == [active_input]
+    assert [b.batch_id for b in await store.batches.page(owner, limit=10, after=None)] == [
+        active.batch_id
+    ]
+    assert loose != active_input
