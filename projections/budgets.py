@@ -79,9 +79,6 @@ def budget_name(provider: str, model: str) -> str:
 # How long the first call on a provider and model may take to say its limits before another
 # call probes instead (its worker died, say).
 PROBE_FOR = timedelta(seconds=30)
-# How soon a call waiting for a probe asks again by itself: the dispatcher wakes it, in rank
-# order, once the probe's answer is in; this is the safety net, not the pace.
-PROBE_RECHECK = timedelta(seconds=5)
 
 
 @dataclass(frozen=True)
@@ -193,7 +190,9 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
         )
         held = _held_rank(tx, job_id, draw)
         new_rank = _rank(tx, draw, limits, now) if held is None else None
-        return _wait(tx, job_id, draw, new_rank, now + PROBE_RECHECK, reason, now)
+        # The dispatcher wakes it, in rank order, once the probe's answer is in; by itself it
+        # asks again only when the probe would time out (waiters do not poll meanwhile).
+        return _wait(tx, job_id, draw, new_rank, budget.probe_until, reason, now)
     if limits.tpm is not None and draw.tokens > limits.tpm:
         draw = replace(draw, tokens=limits.tpm)
     held = _held_rank(tx, job_id, draw)

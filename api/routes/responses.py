@@ -4,6 +4,7 @@ GET /v1/responses/rsp_…, what a succeeded job produced, in promptjobs' own sha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api.changes import StreamHold, StreamScope
+from api.changes import StreamHold, StreamLimit, StreamScope, Subscription
 from api.deps import Caller, JsonBody, KeyedCaller, Services, ServicesDep, Streamer
 from api.openai.responses import (
     CreateResponse,
@@ -34,6 +35,7 @@ from api.routes.events import (
     subscribe,
 )
 from api.schemas import ResponseOut
+from projections.domain.lifecycle import EventType
 from projections.errors import InvalidState
 from projections.models import Prompt
 from projections.rows import JobRow
@@ -92,7 +94,9 @@ async def create_response(
     prompt_id = accepted.prompt.prompt_id
     if body.background:
         return JSONResponse(await _object(services, caller, prompt_id))
-    return JSONResponse(await _settled(services, caller, prompt_id, request=request))
+    return JSONResponse(
+        await _settled(services, caller, prompt_id, request=request, key_id=keyed.key_id)
+    )
 
 
 @router.get(
@@ -160,22 +164,42 @@ async def _settled(
     *,
     timeout_s: float | None = None,
     request: Request | None = None,
+    key_id: str | None = None,
 ) -> dict[str, Any]:
     """The response object once its job has settled, or as it is when `timeout_s` is over or
-    the client has gone."""
+    the client has gone. With `key_id` the wait follows the live feed, reading the prompt
+    again only when one of its jobs changed state (at least every OVER_CHECK_S); without it,
+    or with the key's streams all taken, it polls."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     pause = POLL_FIRST_S
-    while True:
-        prompt, jobs = await services.store.prompt(caller, prompt_id)
-        if (
-            jobs[-1].state.is_terminal
-            or (deadline is not None and loop.time() >= deadline)
-            or (request is not None and await request.is_disconnected())
-        ):
-            return await _object_of(services, caller, prompt, jobs[-1])
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, POLL_MAX_S)
+    sub: Subscription | None = None
+    if key_id is not None:
+        with contextlib.suppress(StreamLimit):
+            sub = await services.feed.subscribe(StreamScope.of(caller, None, prompt_id), key_id)
+    try:
+        while True:
+            prompt, jobs = await services.store.prompt(caller, prompt_id)
+            if (
+                jobs[-1].state.is_terminal
+                or (deadline is not None and loop.time() >= deadline)
+                or (request is not None and await request.is_disconnected())
+            ):
+                return await _object_of(services, caller, prompt, jobs[-1])
+            wait = OVER_CHECK_S if deadline is None else max(0.0, deadline - loop.time())
+            if sub is not None and sub.ended is None:
+                until = loop.time() + min(wait, OVER_CHECK_S)
+                # Output events only say the text grew: wait on for a change of state.
+                while (left := until - loop.time()) > 0 and sub.ended is None:
+                    live = await sub.take(left)
+                    if any(event.type == EventType.STATE_CHANGED for event in live):
+                        break
+            else:
+                await asyncio.sleep(min(pause, wait))
+                pause = min(pause * 2, POLL_MAX_S)
+    finally:
+        if sub is not None:
+            services.feed.unsubscribe(sub)
 
 
 async def _stream(
