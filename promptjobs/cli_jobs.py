@@ -46,6 +46,7 @@ from promptjobs.wiring import (
     build_dispatcher,
     build_job_service,
     connect_temporal,
+    disagreement_with_dev,
     open_projection,
 )
 from services.dispatch import TemporalUnreachable
@@ -81,6 +82,7 @@ async def operator_projection() -> AsyncIterator[Projection]:
 async def operator_service() -> AsyncIterator[tuple[JobService, Settings]]:
     """The API's JobService over a lazy Temporal client: reads work while Temporal is down."""
     settings = Settings()
+    warn_if_elsewhere(settings)
     client = await connect_temporal(settings, lazy=True)
     async with open_projection(settings, streams=False, create=False) as projection:
         dispatcher = build_dispatcher(settings, client, projection)
@@ -380,10 +382,22 @@ def archive(
 # -- status ------------------------------------------------------------------------------
 
 
+def warn_if_elsewhere(settings: Settings) -> str | None:
+    """Say on stderr when this command reads `promptjobs dev`'s store but would reach another
+    Temporal (a shell that did not `source .data/env`)."""
+    if (warning := disagreement_with_dev(settings)) is not None:
+        typer.secho(f"warning: {warning}", err=True, fg=typer.colors.YELLOW)
+    return warning
+
+
 def status(as_json: JsonOpt = False) -> None:
     """The fleet at a glance: jobs per state, workers seen in the projection, provider
-    budgets, and Temporal's pollers on the task queue (with when each last polled)."""
+    budgets, and Temporal's pollers on the task queue (with when each last polled). Exits 1
+    when Temporal cannot be reached, so a script can tell."""
+    warning = warn_if_elsewhere(Settings())
     health, registered, budgets, temporal = run(_status())
+    if warning is not None:
+        temporal["warning"] = warning
     if as_json:
         emit_json(
             {
@@ -393,6 +407,8 @@ def status(as_json: JsonOpt = False) -> None:
                 "temporal": temporal,
             }
         )
+        if temporal.get("error"):
+            raise typer.Exit(1)
         return
     out = console()
     out.print(table("jobs", ("state", "jobs"), health.states.items()))
@@ -426,8 +442,10 @@ def status(as_json: JsonOpt = False) -> None:
     if budgets:
         out.print(budgets_table(budgets))
     if temporal.get("error"):
-        typer.echo(f"Temporal at {temporal['address']}: unreachable ({temporal['error']})")
-        return
+        typer.echo(
+            f"Temporal at {temporal['address']}: unreachable ({temporal['error']})", err=True
+        )
+        raise typer.Exit(1)
     out.print(
         table(
             f"pollers on task queue {temporal['task_queue']} ({temporal['address']})",

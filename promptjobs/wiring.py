@@ -5,6 +5,7 @@ the dispatcher and the job service, built from Settings. Nothing here loads the 
 from __future__ import annotations
 
 import asyncio
+import shlex
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -185,4 +186,26 @@ def build_job_service(
         max_attempts_default=settings.max_attempts_default,
         metrics_org_labels=settings.metrics_org_labels,
         max_jobs_per_prompt=settings.max_jobs_per_prompt,
+    )
+
+
+def disagreement_with_dev(settings: Settings) -> str | None:
+    """What is wrong when this process reads `./run dev`'s store (its data directory's
+    projection) but would reach Temporal elsewhere than that stack's dev server, as a shell
+    that has not sourced `<data dir>/env` does: one line saying so, else None."""
+    path = settings.data_dir / "env"
+    if settings.database_url or not path.is_file():
+        return None
+    written: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        name, sep, value = line.removeprefix("export ").partition("=")
+        if sep and not line.startswith("#"):
+            written[name.strip()] = " ".join(shlex.split(value))
+    dev_address = written.get("PROMPTJOBS_TEMPORAL_ADDRESS")
+    if dev_address is None or dev_address == settings.temporal_address:
+        return None
+    return (
+        f"the store in {settings.data_dir} is `promptjobs dev`'s, whose Temporal is at "
+        f"{dev_address}, but this command uses {settings.temporal_address}: "
+        f"run `source {path}` first"
     )

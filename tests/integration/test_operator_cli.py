@@ -20,6 +20,7 @@ from activities.adapters.fake import fake_output
 from projections.domain.lifecycle import EventType
 from projections.scope import Scope
 from promptjobs.cli import app
+from promptjobs.wiring import open_projection
 from tests.conftest import (
     Stack,
     cli,
@@ -304,3 +305,28 @@ async def test_tables_fit_an_80_column_terminal_and_never_wrap_an_id(sqlite_stac
     # The re-queue's provider_5xx counts, though the job then succeeded.
     kinds = (await cli_json(stack, "jobs", "metrics"))["orgs"]
     assert {m["org"]: m["error_kinds"] for m in kinds}["acme"] == {"provider_5xx": 1}
+
+
+async def test_status_says_when_it_reads_devs_store_but_another_temporal_and_fails_unreachable(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    settings = make_settings(tmp_path)
+    async with open_projection(settings):
+        pass  # `./run dev`'s store, in its data directory
+    dev_address = dev_server.client.service_client.config.target_host
+    (tmp_path / "env").write_text(f"export PROMPTJOBS_TEMPORAL_ADDRESS={dev_address}\n")
+
+    def status(address: str) -> Any:
+        env = {"PROMPTJOBS_DATA_DIR": str(tmp_path), "PROMPTJOBS_TEMPORAL_ADDRESS": address}
+        return CliRunner().invoke(app, ["status"], env=env)
+
+    # A shell that did not `source .data/env`: the default address, where nothing listens.
+    elsewhere = await asyncio.to_thread(status, f"127.0.0.1:{free_port()}")
+    assert elsewhere.exit_code == 1, elsewhere.output
+    assert f"whose Temporal is at {dev_address}" in elsewhere.output
+    assert f"source {tmp_path / 'env'}" in elsewhere.output
+    assert "unreachable" in elsewhere.output
+    # After `source .data/env`: no warning, and Temporal answers.
+    sourced = await asyncio.to_thread(status, dev_address)
+    assert sourced.exit_code == 0, sourced.output
+    assert "warning" not in sourced.output
