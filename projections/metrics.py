@@ -131,7 +131,7 @@ ALL = (
 
 def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str]:
     """The labels of one committed transition (an error kind only where the state has one)."""
-    kind = error_kind if state in (JobState.QUEUED, JobState.FAILED) else None
+    kind = error_kind if state.shows_error else None
     return state.value, kind or ""
 
 

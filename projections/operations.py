@@ -131,6 +131,21 @@ class Operations:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
 
+    async def spared_calls(self, job_ids: list[str]) -> dict[str, int]:
+        """Of these jobs, the calls a 429 refused (each spent no attempt), where any did."""
+        if not job_ids:
+            return {}
+        async with self.sessions() as session:
+            rows = await session.execute(
+                select(Attempt.job_id, func.count())
+                .where(
+                    Attempt.job_id.in_(job_ids),
+                    Attempt.outcome == ErrorKind.RATE_LIMIT.value,
+                )
+                .group_by(Attempt.job_id)
+            )
+            return {job_id: int(n) for job_id, n in rows.all()}
+
     async def list_jobs(
         self,
         *,

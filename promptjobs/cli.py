@@ -211,7 +211,7 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List API keys (never their secrets), revoked ones too, oldest first."""
-    from promptjobs.console import console, emit_json, table
+    from promptjobs.console import console, counted, emit_json, table
     from promptjobs.wiring import open_projection
 
     async def fetch() -> Any:
@@ -235,7 +235,7 @@ def keys_list(
     else:
         columns = ("key_id", "org", "user", "role", "created_at", "revoked_at")
         cells = ([row[column] for column in columns] for row in rows)
-        console().print(table(f"{len(rows)} keys", columns, cells))
+        console().print(table(counted(len(rows), "key"), columns, cells))
 
 
 @keys_app.command("revoke")

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from projections.models import ProviderBatch
-from promptjobs.console import console, emit_json, run, table
+from promptjobs.console import console, counted, emit_json, run, table
 from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
 
@@ -84,6 +84,6 @@ def batches_list(
         for b in batches
     )
     out = console()
-    out.print(table(f"{len(batches)} provider batches, newest first", columns, cells))
+    out.print(table(f"{counted(len(batches), 'provider batch')}, newest first", columns, cells))
     for provider, model, jobs in waiting:
         out.print(f"waiting to be gathered: {jobs} job(s) of {provider}/{model}")

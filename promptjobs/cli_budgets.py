@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from projections.budgets import BudgetStanding
-from promptjobs.console import CliError, console, emit_json, run, table
+from promptjobs.console import CliError, console, counted, emit_json, run, table
 from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
 
@@ -68,7 +68,7 @@ def budgets_table(budgets: list[BudgetStanding]) -> Any:
         ]
         for b in budgets
     )
-    return table(f"{len(budgets)} provider budgets", columns, cells)
+    return table(counted(len(budgets), "provider budget"), columns, cells)
 
 
 async def fetch_budgets(settings: Settings) -> list[BudgetStanding]:

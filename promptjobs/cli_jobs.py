@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -18,16 +18,17 @@ import typer
 from activities.adapters.base import InvalidOptions
 from projections import operations
 from projections.budgets import BudgetStanding
-from projections.domain.lifecycle import JobState
+from projections.domain.lifecycle import EventType, JobState
 from projections.errors import InvalidState, NotFound, RetryLimit
 from projections.event_log import utcnow
-from projections.models import Job, JobEvent, WorkerProcess
+from projections.models import Attempt, Job, JobEvent, Prompt, Response, WorkerProcess
 from projections.scope import Scope
 from promptjobs.cli_budgets import budgets_table, standing_json
 from promptjobs.console import (
     JOB_COLUMNS,
     CliError,
     console,
+    counted,
     emit_json,
     iso,
     job_cells,
@@ -109,46 +110,74 @@ def list_jobs(
     wanted = parse_state(state)
     after = parse_when(since, "--since") if since else None
 
-    async def fetch() -> list[Job]:
+    async def fetch() -> tuple[list[Job], dict[str, int]]:
         async with operator_projection() as projection:
-            return await projection.store.operations.list_jobs(
-                state=wanted, org=org, since=after, limit=limit
-            )
+            operations = projection.store.operations
+            jobs = await operations.list_jobs(state=wanted, org=org, since=after, limit=limit)
+            return jobs, await operations.spared_calls([job.job_id for job in jobs])
 
-    jobs = run(fetch())
+    jobs, spared = run(fetch())
     if as_json:
         emit_json({"jobs": [operator_row(job) for job in jobs]})
         return
-    console().print(table(f"{len(jobs)} jobs", JOB_COLUMNS, (job_cells(job) for job in jobs)))
+    cells = (job_cells(job, spared.get(job.job_id, 0)) for job in jobs)
+    console().print(table(counted(len(jobs), "job"), JOB_COLUMNS, cells))
+
+
+# The prompt's and the answer's text shown in a table at most (all of it with --json).
+SHOWN_CHARS = 2_000
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What `jobs show` shows of one job."""
+
+    job: Job
+    prompt: Prompt
+    answer: Response | None
+    events: list[JobEvent]
+    attempts: list[Attempt]
+    others: list[Job]
+    waits: str | None
 
 
 @jobs_app.command("show")
 def show(job_id: str, as_json: JsonOpt = False) -> None:
-    """One job, its events, and the other jobs of its prompt."""
+    """One job: its prompt and answer, its events and attempts, and the other jobs of its
+    prompt."""
 
-    async def fetch() -> tuple[Job, list[JobEvent], list[Job], str | None]:
+    async def fetch() -> JobView:
         async with operator_projection() as projection:
             store = projection.store
             job = await store.job(OPERATOR, job_id)
             events = await store.job_events(OPERATOR, job_id)
-            _prompt, siblings = await store.prompt(OPERATOR, job.prompt_id)
+            prompt, siblings = await store.prompt(OPERATOR, job.prompt_id)
+            _job, attempts = await store.attempts(OPERATOR, job_id)
+            answer = None
+            if job.response_id is not None:
+                answer = await store.response(OPERATOR, job.response_id)
             waits = None
             if job.waiting_on and job.state is JobState.QUEUED:
                 # The parents as they stand now, not as the workflow last checked them.
                 waits = (await store.chains.parents_state(job.prompt_id)).detail
-            return job, events, [other for other in siblings if other.job_id != job_id], waits
+            others = [other for other in siblings if other.job_id != job_id]
+            return JobView(job, prompt, answer, events, attempts, others, waits)
 
     try:
-        job, events, others, waits = run(fetch())
+        view = run(fetch())
     except NotFound as err:
         raise CliError(f"no job {job_id}") from err
+    job = view.job
     if as_json:
         emit_json(
             {
                 "job": operator_row(job),
-                "waits_on": waits,
-                "events": [_event(event) for event in events],
-                "prompt_jobs": [operator_row(other) for other in others],
+                "prompt": {"prompt_id": view.prompt.prompt_id, "text": view.prompt.text},
+                "answer": None if view.answer is None else _answer(view.answer),
+                "waits_on": view.waits,
+                "events": [_event(event) for event in view.events],
+                "attempts": [_attempt(attempt) for attempt in view.attempts],
+                "prompt_jobs": [operator_row(other) for other in view.others],
             }
         )
         return
@@ -158,29 +187,90 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
     out.print(table(f"job {job_id}", ("field", "value"), fields.items()))
     # On one line, unwrapped, as `jobs retry --options` takes it back.
     typer.echo(f"options {json.dumps(options, ensure_ascii=False)}")
-    if waits:
+    typer.echo(f"\nprompt {view.prompt.prompt_id}:\n{_excerpt(view.prompt.text)}")
+    if view.answer is not None:
+        typer.echo(
+            f"\nanswer ({view.answer.provider}/{view.answer.model}, "
+            f"{view.answer.finish_reason or 'no finish reason'}):\n{_excerpt(view.answer.text)}"
+        )
+    if view.waits:
         out.print(
-            f"waits on parent prompt(s) {waits} to succeed "
+            f"waits on parent prompt(s) {view.waits} to succeed "
             "(a failed or cancelled parent: retry it and this job goes on)"
         )
     out.print(
         table(
             "events",
-            ("id", "at", "state", "attempt", "error", "worker"),
+            ("id", "at", "state", "attempt", "error"),
             (
                 (
                     e.id,
                     short(e.created_at),
                     e.state.value,
                     e.data.get("attempt"),
-                    e.data.get("error_kind"),
-                    e.data.get("worker"),
+                    # A row keeps its last error while the next attempt runs: an event shows
+                    # the error only where its state has one.
+                    e.data.get("error_kind") if e.state.shows_error else None,
                 )
-                for e in events
+                for e in view.events
+                if e.type == EventType.STATE_CHANGED
             ),
         )
     )
-    out.print(table(f"other jobs of prompt {job.prompt_id}", JOB_COLUMNS, map(job_cells, others)))
+    if view.attempts:
+        out.print(
+            table(
+                "attempts",
+                ("attempt", "outcome", "model", "tokens in/out", "cost", "took", "via"),
+                (
+                    (
+                        a.attempt,
+                        a.outcome,
+                        f"{a.provider}/{a.model}",
+                        f"{a.input_tokens}/{a.output_tokens}",
+                        "unpriced" if a.cost_usd is None else f"${a.cost_usd:.6f}",
+                        f"{a.duration_ms / 1000:.1f} s",
+                        a.via or "",
+                    )
+                    for a in view.attempts
+                ),
+            )
+        )
+    if view.others:
+        out.print(
+            table(f"other jobs of prompt {job.prompt_id}", JOB_COLUMNS, map(job_cells, view.others))
+        )
+
+
+def _excerpt(text: str) -> str:
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}… ({len(text):,} characters; --json shows all)"
+
+
+def _answer(answer: Response) -> dict[str, Any]:
+    return {
+        "response_id": answer.response_id,
+        "text": answer.text,
+        "provider": answer.provider,
+        "model": answer.model,
+        "finish_reason": answer.finish_reason,
+    }
+
+
+def _attempt(attempt: Attempt) -> dict[str, Any]:
+    return {
+        "attempt": attempt.attempt,
+        "outcome": attempt.outcome,
+        "provider": attempt.provider,
+        "model": attempt.model,
+        "input_tokens": attempt.input_tokens,
+        "output_tokens": attempt.output_tokens,
+        "cost_usd": attempt.cost_usd,
+        "duration_ms": attempt.duration_ms,
+        "started_at": iso(attempt.started_at),
+        "via": attempt.via,
+    }
 
 
 def _event(event: JobEvent) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from projections.admission import OrgShare
-from promptjobs.console import CliError, console, emit_json, run, table
+from promptjobs.console import CliError, console, counted, emit_json, run, table
 from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
 
@@ -58,7 +58,7 @@ def orgs_list(
         ]
         for row in rows
     )
-    console().print(table(f"{len(rows)} orgs", columns, cells))
+    console().print(table(counted(len(rows), "org"), columns, cells))
 
 
 @orgs_app.command("limit")

@@ -96,13 +96,21 @@ def short(value: datetime | None) -> str:
 JOB_COLUMNS = ("job", "org", "state", "prio", "attempt", "error", "created", "started", "finished")
 
 
-def job_cells(job: Job) -> list[Any]:
+def counted(n: int, noun: str) -> str:
+    """`1 job`, `2 jobs`: `noun` is the singular; English plurals of our nouns take an s."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def job_cells(job: Job, spared: int = 0) -> list[Any]:
+    """A job's row of a table; `spared`: its calls that a 429 refused, which spent no
+    attempt (the row's `attempt` counts every call)."""
+    attempts = f"{job.attempt - spared}/{job.max_attempts}"
     return [
         job.job_id,
         job.org,
         job.state.value,
         job.priority,
-        f"{job.attempt}/{job.max_attempts}",
+        attempts + (f" +{spared} 429" if spared else ""),
         job.error_kind,
         short(job.created_at),
         short(job.started_at),

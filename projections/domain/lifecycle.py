@@ -23,6 +23,12 @@ class JobState(StrEnum):
     SUPERSEDED = "superseded"
 
     @property
+    def shows_error(self) -> bool:
+        """Whether a row in this state shows its error: a re-queue says why, a failure too;
+        a row running its next attempt still holds the last error, which is not this state's."""
+        return self in (JobState.QUEUED, JobState.FAILED)
+
+    @property
     def is_terminal(self) -> bool:
         return self not in (JobState.QUEUED, JobState.RUNNING)
 

@@ -80,8 +80,17 @@ async def test_list_and_show_see_every_org(sqlite_stack: Stack) -> None:
     assert shown["job"]["error_kind"] == "auth"
     assert [event["state"] for event in shown["events"]] == ["queued", "running", "failed"]
     assert shown["prompt_jobs"] == []
+    assert (shown["prompt"]["text"], shown["answer"]) == ("from globex", None)
     human = (await cli(stack, "jobs", "show", globex)).output
-    assert "auth" in human and "events" in human
+    assert "auth" in human and "events" in human and "from globex" in human
+    assert "other jobs of prompt" not in human  # none: no empty table
+
+    # A succeeded job shows what it was asked and what it answered, and its attempts.
+    shown = await cli_json(stack, "jobs", "show", acme)
+    assert shown["answer"]["text"] == fake_output("from acme")
+    assert [a["outcome"] for a in shown["attempts"]] == ["succeeded"]
+    human = (await cli(stack, "jobs", "show", acme)).output
+    assert fake_output("from acme") in human and "attempts" in human
 
 
 async def test_cancel_and_retry_act_through_temporal(sqlite_stack: Stack) -> None:
@@ -299,6 +308,10 @@ async def test_tables_fit_an_80_column_terminal_and_never_wrap_an_id(sqlite_stac
     # Options as JSON, which `jobs retry --options` takes back as it is.
     [options_line] = [line for line in shown.splitlines() if line.startswith("options ")]
     assert json.loads(options_line.removeprefix("options ")) == options
+    # Attempt 2's running row is not attempt 1's failure: the error shows on the re-queue.
+    running = [line for line in shown.splitlines() if " running " in line]
+    assert len(running) == 2 and not any("provider_5xx" in line for line in running), shown
+    assert any("provider_5xx" in line and " queued " in line for line in shown.splitlines())
 
     metrics = (await cli(stack, "jobs", "metrics", **narrow)).stdout.splitlines()
     assert "latency (s) and error rate (failed / settled)" in metrics

@@ -303,6 +303,10 @@ async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
             for b in await stack.projection.store.budgets.standing(datetime.now(UTC))
             if b.name == f"{provider}/gpt-paused"
         ]
+        # The operator's table counts attempts as the job does: the 429s spent none.
+        listed = (await cli(stack, "jobs", "list")).output
+        [row] = [line for line in listed.splitlines() if accepted["job_id"][:12] in line]
+        assert "1/1 +2 429" in row, listed
     # Two 429s, each spared: the one attempt it was allowed is the third call.
     assert (job["state"], job["attempt"], job["max_attempts"]) == ("succeeded", 3, 1)
     assert budget.rate_limited == 2
