@@ -19,7 +19,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from api.schemas import RetryJob
+from api.schemas import REQUEST_FIELDS, RetryJob, unknown_field
 from projections.domain.lifecycle import JobState
 from projections.event_log import utcnow
 from projections.models import Job
@@ -169,7 +169,14 @@ def parse_retry_changes(
     try:
         return RetryJob.model_validate(body).changes()
     except ValidationError as err:
+        # In the API's words (a misspelt field is answered with the one it likely meant).
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+            f"{'.'.join(str(p) for p in e['loc'])}: "
+            + (
+                unknown_field(str(e["loc"][-1]), REQUEST_FIELDS)
+                if e["type"] == "extra_forbidden"
+                else e["msg"]
+            )
+            for e in err.errors()
         )
         raise CliError(f"invalid retry: {problems}") from err

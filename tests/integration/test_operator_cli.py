@@ -122,6 +122,16 @@ async def test_cancel_and_retry_act_through_temporal(sqlite_stack: Stack) -> Non
     assert refused.exit_code != 0
     assert "superseded" in str(refused.exception)
 
+    # A misspelt option is named as the API names it, with the field it likely meant.
+    misspelt = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["jobs", "retry", new_id, "--options", '{"temprature": 0.5}'],
+        env=cli_env(stack),
+    )
+    assert misspelt.exit_code != 0
+    assert "did you mean `temperature`?" in str(misspelt.exception)
+
 
 async def test_cancel_while_temporal_is_unreachable_says_so_in_one_line(
     sqlite_stack: Stack,
