@@ -15,7 +15,13 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
-from api.openai.errors import openai_error, speaks_openai, validation_error
+from api.openai.errors import (
+    from_openai_sdk,
+    openai_error,
+    speaks_openai,
+    unknown_route,
+    validation_error,
+)
 from api.openai.responses import UnsupportedParameter
 from api.schemas import REQUEST_FIELDS, unknown_field
 from projections.budgets import OverBudget
@@ -316,6 +322,11 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and exc.detail == FASTAPI_BODY_UNREADABLE:
             return problem_response(validation_problem([unreadable_body(exc.__cause__)]), request)
+        unknown = exc.status_code in (404, 405) and request.url.path.startswith("/v1/")
+        if unknown and from_openai_sdk(request.headers):
+            return unknown_route(
+                request.method, request.url.path, exc.status_code, dict(exc.headers or {})
+            )
         code, detail = _http_detail(exc)
         return problem_response(
             Problem(

@@ -186,14 +186,22 @@ class FileStore:
             yield rest.rstrip(b"\r")
 
     async def page(
-        self, scope: Scope, *, limit: int, after: str | None, purpose: str | None
+        self,
+        scope: Scope,
+        *,
+        limit: int,
+        after: str | None,
+        purpose: str | None,
+        oldest_first: bool = False,
     ) -> list[StoredFile]:
-        """The caller's files, newest first; `after`: those older than that file."""
+        """The caller's files, newest first (or oldest); `after`: those past that file."""
         stmt = scoped(select(StoredFile), StoredFile, scope)
         if purpose is not None:
             stmt = stmt.where(StoredFile.purpose == purpose)
         anchor = await self.get(scope, after) if after is not None else None
-        stmt = newest_first(stmt, StoredFile.created_at, StoredFile.file_id, anchor).limit(limit)
+        stmt = newest_first(
+            stmt, StoredFile.created_at, StoredFile.file_id, anchor, oldest=oldest_first
+        ).limit(limit)
         async with self.sessions() as session:
             return list((await session.execute(stmt)).scalars())
 

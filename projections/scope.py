@@ -74,12 +74,23 @@ async def get_visible(
     return row
 
 
-def newest_first(stmt: Select[Any], created: Any, ident: Any, anchor: Any | None) -> Select[Any]:
-    """`stmt` in newest-first order, from after `anchor` (the last row of the page before:
-    rows older than it, ties broken by id) when given."""
+def newest_first(
+    stmt: Select[Any], created: Any, ident: Any, anchor: Any | None, *, oldest: bool = False
+) -> Select[Any]:
+    """`stmt` in newest-first order (`oldest`: oldest first), from after `anchor` (the last
+    row of the page before: rows older, or newer, than it, ties broken by id) when given."""
     if anchor is not None:
         anchor_id = getattr(anchor, ident.key)
-        stmt = stmt.where(
-            (created < anchor.created_at) | ((created == anchor.created_at) & (ident < anchor_id))
-        )
+        if oldest:
+            stmt = stmt.where(
+                (created > anchor.created_at)
+                | ((created == anchor.created_at) & (ident > anchor_id))
+            )
+        else:
+            stmt = stmt.where(
+                (created < anchor.created_at)
+                | ((created == anchor.created_at) & (ident < anchor_id))
+            )
+    if oldest:
+        return stmt.order_by(created.asc(), ident.asc())
     return stmt.order_by(created.desc(), ident.desc())

@@ -18,6 +18,27 @@ def speaks_openai(path: str) -> bool:
     return path == RESPONSES or path.startswith(OPENAI_PREFIXES)
 
 
+def from_openai_sdk(headers: Mapping[str, str]) -> bool:
+    """Whether the request comes from OpenAI's SDK (or another Stainless-made one, which reads
+    errors the same way): it names its language in `X-Stainless-Lang`."""
+    return "x-stainless-lang" in headers
+
+
+def unknown_route(
+    method: str, path: str, status: int, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    """A route or method promptjobs does not have, as OpenAI answers one, so the SDK shows
+    what is there instead of a bare 404."""
+    message = (
+        f"Unknown request URL: {method} {path}. promptjobs answers OpenAI's /v1/responses, "
+        "/v1/files and /v1/batches (see docs/openai.md), and its own /v1/prompts and /v1/jobs."
+    )
+    if status == 405:
+        message = f"{method} is not allowed on {path}; see the Allow header."
+    code = "unknown_url" if status == 404 else "method_not_allowed"
+    return openai_error(status, message, code=code, headers=headers)
+
+
 def error_type(status: int) -> str:
     if status == 401:
         return "authentication_error"

@@ -83,10 +83,13 @@ async def list_files(
     purpose: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     after: Annotated[str | None, Query(max_length=64)] = None,
-    order: Literal["desc"] = "desc",
+    order: Literal["asc", "desc"] = "desc",
 ) -> JSONResponse:
-    """The caller's files, newest first (`after`: the last id of the page before)."""
-    page = await services.store.files.page(caller, limit=limit + 1, after=after, purpose=purpose)
+    """The caller's files, newest first, or oldest with `order=asc` (`after`: the last id of
+    the page before)."""
+    page = await services.store.files.page(
+        caller, limit=limit + 1, after=after, purpose=purpose, oldest_first=order == "asc"
+    )
     return JSONResponse(listing([file_object(f) for f in page[:limit]], len(page) > limit))
 
 

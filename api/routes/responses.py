@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -36,7 +36,7 @@ from api.routes.events import (
 )
 from api.schemas import ResponseOut
 from projections.domain.lifecycle import EventType
-from projections.errors import InvalidState
+from projections.errors import InvalidState, NotFound
 from projections.models import Prompt
 from projections.rows import JobRow
 from projections.scope import Scope
@@ -119,10 +119,11 @@ async def read_response(
     caller = keyed.scope
     if response_id.startswith("rsp_"):
         return ResponseOut.of(await services.store.response(caller, response_id))
-    if stream:
-        prompt, _ = await services.store.prompt(caller, prompt_id_of(response_id))
-        return await _stream(services, keyed, prompt, starting_after=starting_after)
-    return JSONResponse(await _object(services, caller, prompt_id_of(response_id)))
+    with named_as_response(response_id):
+        if stream:
+            prompt, _ = await services.store.prompt(caller, prompt_id_of(response_id))
+            return await _stream(services, keyed, prompt, starting_after=starting_after)
+        return JSONResponse(await _object(services, caller, prompt_id_of(response_id)))
 
 
 @router.post("/{response_id}/cancel", responses={200: OPENAI_OBJECT, **problem_responses(401, 404)})
@@ -130,13 +131,26 @@ async def cancel_response(response_id: str, caller: Caller, services: ServicesDe
     """OpenAI's `responses.cancel`: cancels the job and answers the response once it has
     settled (or after 5 s, still `in_progress`). A settled response is answered as it is."""
     prompt_id = prompt_id_of(response_id)
-    _, jobs = await services.store.prompt(caller, prompt_id)
+    with named_as_response(response_id):
+        _, jobs = await services.store.prompt(caller, prompt_id)
     if not jobs[-1].state.is_terminal:
         try:
             await services.jobs.cancel(caller, jobs[-1].job_id)
         except InvalidState:
             pass  # it settled meanwhile
     return JSONResponse(await _settled(services, caller, prompt_id, timeout_s=CANCEL_WAIT_S))
+
+
+@contextlib.contextmanager
+def named_as_response(response_id: str) -> Iterator[None]:
+    """A response that is not found is answered by the id the caller sent, not by the
+    prompt id it maps to (`resp_x` is prompt `pmt_x`), which the caller never saw."""
+    try:
+        yield
+    except NotFound as err:
+        if err.what != "prompt":
+            raise
+        raise NotFound("response", response_id) from None
 
 
 async def _object(services: Services, caller: Scope, prompt_id: str) -> dict[str, Any]:

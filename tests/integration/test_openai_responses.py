@@ -157,3 +157,31 @@ async def test_an_idempotency_key_returns_the_first_response(stack: Stack) -> No
         await client.responses.create(
             model="fake/any", input="different", background=True, extra_headers=headers
         )
+
+
+async def test_what_the_sdk_asks_for_that_is_not_here_says_so_in_openais_shape(
+    stack: Stack,
+) -> None:
+    client = sdk(stack)
+    with pytest.raises(openai.NotFoundError) as unknown:
+        await client.models.list()
+    assert "Unknown request URL: GET /v1/models" in unknown.value.message
+    with pytest.raises(openai.NotFoundError) as nope:
+        await client.responses.retrieve("resp_nope")
+    assert "resp_nope" in nope.value.message and "pmt_" not in nope.value.message
+    # Without the SDK, a client keeps promptjobs' own problem shape.
+    plain = await stack.http.get("/v1/models")
+    assert plain.status_code == 404
+    assert plain.headers["content-type"].startswith("application/problem+json")
+
+
+async def test_files_list_in_either_order(stack: Stack) -> None:
+    client = sdk(stack)
+    made = []
+    for name in ("a", "b", "c"):
+        uploaded = await client.files.create(file=(f"{name}.jsonl", b"{}\n"), purpose="batch")
+        made.append(uploaded.id)
+    newest = [f.id async for f in client.files.list()]
+    oldest = [f.id async for f in client.files.list(order="asc", limit=2)]
+    assert newest == made[::-1]
+    assert oldest == made
