@@ -94,3 +94,11 @@ def test_the_clients_enums_are_the_servers() -> None:
         s.value for s in JobState if s.is_terminal
     }
     assert {e.value for e in wire.EventType} == {e.value for e in EventType}
+
+
+def test_a_base_url_ending_in_v1_is_refused_saying_what_to_give() -> None:
+    from promptjobs_client import PromptJobs, PromptJobsError
+
+    with pytest.raises(PromptJobsError) as refused:
+        PromptJobs("http://127.0.0.1:8000/v1/", api_key="pj_x")
+    assert "give the server's address, http://127.0.0.1:8000" in str(refused.value)

@@ -382,6 +382,12 @@ def connection_settings(base_url: str | None, api_key: str | None) -> tuple[str,
     """The URL and key given, else PROMPTJOBS_URL (else the local default) and
     PROMPTJOBS_API_KEY from the caller's environment."""
     url = (base_url or os.environ.get("PROMPTJOBS_URL") or DEFAULT_URL).rstrip("/")
+    if url.endswith("/v1"):
+        # The OpenAI SDK's base URL ends in /v1; this client adds /v1 to each path itself.
+        raise PromptJobsError(
+            f"base URL {url} ends in /v1: give the server's address, {url.removesuffix('/v1')} "
+            "(the OpenAI SDK is the one that takes …/v1)"
+        )
     key = api_key or os.environ.get("PROMPTJOBS_API_KEY")
     if not key:
         raise PromptJobsError("no API key: pass api_key=… or set PROMPTJOBS_API_KEY")
