@@ -32,14 +32,17 @@ from promptjobs.observability import install_core_logging
 from promptjobs.settings import Settings
 
 app = typer.Typer(
+    rich_markup_mode=None,
     help="Durable LLM prompt jobs on Temporal.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+keys_app = typer.Typer(rich_markup_mode=None, help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
-history_app = typer.Typer(help="Workflow histories, for replay tests.", no_args_is_help=True)
+history_app = typer.Typer(
+    rich_markup_mode=None, help="Workflow histories, for replay tests.", no_args_is_help=True
+)
 app.add_typer(history_app, name="history")
 
 

@@ -13,6 +13,7 @@ from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
 
 batches_app = typer.Typer(
+    rich_markup_mode=None,
     help="Provider batches: deferrable jobs sent to a provider's batch API.",
     no_args_is_help=True,
 )

@@ -14,6 +14,7 @@ from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
 
 budgets_app = typer.Typer(
+    rich_markup_mode=None,
     help="Provider budgets: requests and tokens a minute per provider and model.",
     no_args_is_help=True,
 )

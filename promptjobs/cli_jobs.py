@@ -55,7 +55,9 @@ from services.fleet import task_queue_pollers
 from services.jobs import JobService
 
 jobs_app = typer.Typer(
-    help="Jobs of every org: list, show, cancel, retry, metrics, archive.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Jobs of every org: list, show, cancel, retry, metrics, archive.",
+    no_args_is_help=True,
 )
 
 OPERATOR = Scope.operator()

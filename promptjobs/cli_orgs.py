@@ -11,7 +11,9 @@ from promptjobs.console import CliError, console, counted, emit_json, run, table
 from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
 
-orgs_app = typer.Typer(help="Organisations' running limits.", no_args_is_help=True)
+orgs_app = typer.Typer(
+    rich_markup_mode=None, help="Organisations' running limits.", no_args_is_help=True
+)
 
 # As long as the jobs table's org column.
 MAX_ORG_LENGTH = 64

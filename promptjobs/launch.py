@@ -353,7 +353,16 @@ async def serve(
             raise LaunchError(f"{next(iter(done)).get_name()} stopped unexpectedly")
     finally:
         stop.set()
-        log.warning("shutting down (grace %ss)", settings.shutdown_grace_s)
+        # What the wait is for: each process of a stack says its own part.
+        waits = []
+        if server is not None:
+            waits.append("the API lets its requests in flight finish and ends its streams")
+        if worker is not None:
+            waits.append(
+                "the worker lets its calls in flight finish (one cut off at the end runs "
+                "again, on any worker)"
+            )
+        log.warning("stopping: %s, for up to %g s", " and ".join(waits), settings.shutdown_grace_s)
         if server is not None:
             server.should_exit = True
             if projection.feed is not None:

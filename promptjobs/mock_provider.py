@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import math
 import re
 import time
@@ -350,6 +351,12 @@ class QuietServer(uvicorn.Server):
         yield
 
 
+def _deliberate_resets(record: logging.LogRecord) -> bool:
+    """Drop uvicorn's complaint about a response left unfinished: here that is a scripted
+    `reset` (ConnectionReset), what the mock was asked to do, not a fault."""
+    return "ASGI callable returned without completing response" not in record.getMessage()
+
+
 async def run_mock_provider(
     host: str,
     port: int,
@@ -359,6 +366,7 @@ async def run_mock_provider(
     limits: Limits | None = None,
 ) -> None:
     """Serve the mock provider until `stop`."""
+    logging.getLogger("uvicorn.error").addFilter(_deliberate_resets)
     config = uvicorn.Config(
         create_mock_app(MockProvider(limits)),
         host=host,

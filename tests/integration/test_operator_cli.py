@@ -353,3 +353,11 @@ async def test_status_says_when_it_reads_devs_store_but_another_temporal_and_fai
     sourced = await asyncio.to_thread(status, dev_address)
     assert sourced.exit_code == 0, sourced.output
     assert "warning" not in sourced.output
+
+
+def test_help_shows_a_flag_without_a_value_type() -> None:
+    # Flags take no value: their help must not suggest one (`--json <bool>`).
+    for command in ([], ["jobs", "list"], ["dev"], ["keys", "create"]):
+        shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "100"})
+        assert shown.exit_code == 0, shown.output
+        assert "<bool>" not in shown.output and "--help" in shown.output, shown.output
