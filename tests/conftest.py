@@ -95,9 +95,24 @@ def fresh_pg_database() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+BOTH_DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`database_url` (and the `stack`, `projection` on it) is SQLite, and PostgreSQL too
+    where the database is what a test is about: a module that says `BOTH_DATABASES = True`,
+    or a test marked `both_databases`. A module with a `database_url` of its own keeps it."""
+    if "database_url" not in metafunc.fixturenames or "database_url" in vars(metafunc.module):
+        return
+    both = getattr(metafunc.module, "BOTH_DATABASES", False) or (
+        metafunc.definition.get_closest_marker("both_databases") is not None
+    )
+    metafunc.parametrize("database_url", BOTH_DATABASES if both else ["sqlite"], indirect=True)
+
+
+@pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
+    if getattr(request, "param", "sqlite") == "sqlite":
         return f"sqlite:///{tmp_path / 'projection.db'}"
     url: str = request.getfixturevalue("pg_database")
     return url

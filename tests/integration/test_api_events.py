@@ -7,6 +7,9 @@ import asyncio
 from tests.conftest import Stack
 from tests.integration.event_stream import all_terminal, latest_by_job, read_events
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 SLOW = {"fake": {"latency_ms": 300}}
 
 

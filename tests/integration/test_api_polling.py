@@ -16,6 +16,9 @@ from projections.scope import Scope
 from promptjobs.runtime import Projection
 from tests.conftest import Stack, eventually
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 SUBMITTERS = 3
 JOBS_EACH = 12
 

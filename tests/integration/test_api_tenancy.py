@@ -12,6 +12,9 @@ from projections.domain.lifecycle import JobState
 from tests.conftest import Stack, eventually
 from tests.integration.event_stream import all_terminal, read_events
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 LONG = {"fake": {"latency_ms": 3000}}
 LATER = datetime.now(UTC) + timedelta(hours=1)
 

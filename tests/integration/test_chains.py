@@ -15,6 +15,9 @@ from tests.conftest import Stack, cli, cli_json, eventually, make_settings, runn
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 from tests.integration.test_api_submit import assert_problem
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 QUICK = {"fake": {"latency_ms": 5}}
 SLOW = {"fake": {"latency_ms": 800}}
 BROKEN = {"fake": {"fail": ["auth"]}}

@@ -26,6 +26,9 @@ from services.dispatch import Dispatcher, fairness_key
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ALICE = Scope("acme", "alice", "member")
 OPERATOR = Scope.operator()
 

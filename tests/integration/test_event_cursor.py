@@ -25,6 +25,9 @@ from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import Projection
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ADMIN = Scope("acme", "root", "admin")
 WRITERS = 6
 JOBS_PER_WRITER = 12

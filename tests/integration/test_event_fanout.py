@@ -29,6 +29,9 @@ from tests.conftest import Stack, eventually, make_settings, running_stack
 from tests.integration.event_stream import read_events
 from tests.integration.sse import Stream, sse
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ALICE = Scope("acme", "alice", "member")
 LATER = datetime.now(UTC) + timedelta(days=1)
 

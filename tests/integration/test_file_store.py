@@ -12,6 +12,9 @@ from projections.errors import NotFound
 from projections.scope import Scope
 from promptjobs.runtime import Projection
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 OWNER = Scope("acme", "alice")
 
 

@@ -9,6 +9,9 @@ import json
 from tests.conftest import Stack, eventually
 from tests.integration.event_stream import all_terminal, read_events
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 # A `system` near the largest the API takes (it counts with the prompt against 100 kB).
 SYSTEM = "Answer as a pirate would. " * 3_800
 

@@ -14,6 +14,9 @@ from sqlalchemy import create_engine, inspect
 from projections.db import alembic_config, migrate, sync_url
 from projections.models import Base
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:

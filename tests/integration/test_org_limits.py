@@ -24,6 +24,9 @@ from promptjobs.cli import app
 from promptjobs.runtime import Projection
 from tests.conftest import Stack, cli, eventually, make_settings, parse_time, running_stack
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 
 async def cli_output(stack: Stack, *args: str) -> str:
     output: str = (await cli(stack, *args)).output

@@ -14,6 +14,9 @@ from temporalio.testing import WorkflowEnvironment
 from projections import reads
 from tests.conftest import Stack, make_settings, running_stack
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 LIMIT = 4
 
 

@@ -35,6 +35,9 @@ from tests.conftest import (
 )
 from tests.integration.processes import promptjobs_process
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 
 async def test_the_mock_provider_command_enforces_its_limits(tmp_path: Path) -> None:
     port = free_port()

@@ -7,6 +7,9 @@ from projections.writes import Submission
 from promptjobs.runtime import build_dispatcher
 from tests.conftest import Stack, eventually
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ALICE = Scope("acme", "alice", "member")
 
 

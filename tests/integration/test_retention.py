@@ -25,6 +25,9 @@ from services.retention import schedule_id
 from tests.conftest import Stack, eventually, make_settings, running_stack
 from tests.integration.processes import process_env, promptjobs_process, temporal_address
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 DAY_S = 86_400
 
 

@@ -19,6 +19,9 @@ from promptjobs.settings import Settings
 from tests.conftest import Stack, eventually, make_settings, new_worker, parse_time, running_stack
 from workflows.prompt_job import PromptJobWorkflow
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 OPERATOR = Scope.operator()
 QUICK = {"fake": {"latency_ms": 50}}
 

@@ -6,10 +6,7 @@ Record a new set with `python -m tests.replay.record_histories` (docs/workflow-v
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +16,6 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from tests.conftest import Stack
 from workflows.contracts import PromptJobInput, PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow
 from workflows.provider_batch import ProviderBatchWorkflow
@@ -137,36 +133,3 @@ async def test_the_same_change_behind_a_patch_replays() -> None:
         all_histories(), raise_on_replay_failure=False
     )
     assert results.replay_failures == {}
-
-
-async def test_cli_history_export_replays(stack: Stack, tmp_path: Path) -> None:
-    job_id = (await stack.submit("export me"))["job_id"]
-    await stack.settled(job_id)
-    await stack.client.get_workflow_handle(job_id).result()
-    output = tmp_path / "history.json"
-    env = {
-        **os.environ,
-        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
-    }
-    done = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptjobs", "history", "export", job_id, "-o", str(output),
-        env=env,
-    )  # fmt: skip
-    assert await done.wait() == 0
-    result = await Replayer(workflows=[PromptJobWorkflow]).replay_workflow(load(output))
-    assert result.replay_failure is None
-
-
-async def test_cli_history_export_of_an_unknown_job_is_one_line(stack: Stack) -> None:
-    env = {
-        **os.environ,
-        "PROMPTJOBS_TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
-    }
-    done = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "promptjobs", "history", "export", "job_nope",
-        env=env, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, stderr = await done.communicate()
-    assert done.returncode == 1
-    lines = stderr.decode().strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: cannot read the history of job_nope")

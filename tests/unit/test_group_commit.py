@@ -14,6 +14,9 @@ from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import Projection
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ALICE = Scope("acme", "alice", "member")
 
 

@@ -12,6 +12,9 @@ from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import Projection
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 
 async def test_operator_sees_every_org_and_admins_only_their_own(projection: Projection) -> None:
     store = projection.store

@@ -13,6 +13,9 @@ from projections.streams import AttemptUsage, OutputBatch
 from projections.writes import Submission
 from promptjobs.runtime import Projection
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ALICE = Scope("acme", "alice", "member")
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 

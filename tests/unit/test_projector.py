@@ -24,6 +24,9 @@ from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import Projection
 
+# The database is what these tests are about: each runs on SQLite and on PostgreSQL.
+BOTH_DATABASES = True
+
 ALICE = Scope("acme", "alice", "member")
 LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
 ANSWER = AttemptResult(text="hi", provider="fake", model="fake-1")
