@@ -42,6 +42,7 @@ from activities.errors import AdapterError
 from activities.outages import through_outages
 from activities.output import AttemptStream, OutputStreams
 from activities.prices import PriceTable
+from activities.settle import Settling
 from projections import metrics
 from projections.budgets import Draw
 from projections.domain.chains import substitute
@@ -50,13 +51,11 @@ from projections.domain.lifecycle import (
     BackoffPolicy,
     End,
     ErrorKind,
-    FailedAttempt,
     JobState,
-    next_step,
 )
 from projections.errors import database_unavailable
 from projections.models import Job, Prompt, job_options
-from projections.projector import Projector, Transition
+from projections.projector import Projector
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
@@ -83,14 +82,10 @@ class AttemptTools:
     def projector(self) -> Projector:
         return self.store.projector
 
-    async def end_attempt(self, tail: OutputBatch | None, usage: AttemptUsage) -> None:
-        """An attempt ended without a transition of its own: keep its text and usage."""
-        await through_outages("end attempt", lambda: self.projector.end_attempt(tail, usage))
-        self.count(usage)
-
-    def count(self, usage: AttemptUsage) -> None:
-        # Org labels only where the operator turned them on (PROMPTJOBS_METRICS_ORG_LABELS).
-        metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
+    @property
+    def settling(self) -> Settling:
+        """Where this worker's attempts are settled (activities/settle.py)."""
+        return Settling(self.store, self.backoff, self.metrics_org_labels)
 
     async def load(self, job_id: str) -> tuple[Job, Prompt]:
         return await through_outages("load job", lambda: self.store.job_and_prompt(job_id))
@@ -363,7 +358,7 @@ class Attempt:
         or None to let the cancellation itself go on."""
         if why is Cancellation.STOPPED_BY_ROW:
             usage = meter.usage(JobState.CANCELLED.value)
-            await self.tools.end_attempt(stream.unwritten(), usage)
+            await self.tools.settling.usage(usage, stream.unwritten())
             await self._ended(usage, stream)
             assert stream.stopped is not None
             return await self._stopped(stream.stopped)
@@ -371,7 +366,7 @@ class Attempt:
             # What the call streamed and consumed is kept, however often the cancel is
             # repeated meanwhile.
             usage = meter.usage(JobState.CANCELLED.value)
-            await asyncio.shield(self.tools.end_attempt(stream.unwritten(), usage))
+            await asyncio.shield(self.tools.settling.usage(usage, stream.unwritten()))
             await asyncio.shield(self._ended(usage, stream))
             return None
         # Reported as a cancellation this would be refused (nobody asked) and the attempt
@@ -474,19 +469,15 @@ class Attempt:
         await self._ended(usage, stream, drew=False)
         await self.running.done()
         message = f"{err.message}{paused} (not counted against max_attempts)"
-        requeue = Transition(
+        await tools.settling.requeue(
             call.job_id,
-            JobState.QUEUED,
             self.number,
-            error_kind=err.kind,
-            error_message=message,
-            next_attempt_at=until,
+            err.kind,
+            message,
+            at=until,
+            usage=usage,
+            tail=stream.unwritten(),
         )
-        await through_outages(
-            "re-queue",
-            lambda: tools.projector.apply(requeue, tail=stream.unwritten(), usage=usage),
-        )
-        tools.count(usage)
         await report_to_workflow(AttemptReport(JobState.QUEUED, self.number, err.kind))
         return provider_busy(message, self.number, wait_s)
 
@@ -498,33 +489,31 @@ class Attempt:
         call, tools = self.call, self.tools
         activity.logger.warning("job %s attempt %d: %s", call.job_id, self.number, err.message)
         trace.get_current_span().set_attribute("promptjobs.error_kind", err.kind.value)
-        step = next_step(
-            FailedAttempt(err.kind, err.message, self.number, call.max_attempts, err.retry_after_s),
-            policy=tools.backoff,
-            now_s=time.time(),
+        settling = tools.settling
+        step = settling.next_step(
+            err.kind,
+            err.message,
+            self.number,
+            call.max_attempts,
+            retry_after_s=err.retry_after_s,
             deadline_s=call.deadline_epoch_s,
-            unit_random=random.random(),
         )
         if isinstance(step, End):
             await self.running.done(send_now=True)
-            await tools.end_attempt(tail, usage)
+            await settling.usage(usage, tail)
             return adapter_failure(step.message, step.kind, non_retryable=True)
         # The re-queue report follows the running one if that is on its way, never precedes
         # it; one not yet sent is dropped.
         await self.running.done()
-        next_at = datetime.now(UTC) + timedelta(seconds=step.delay_s)
-        requeue = Transition(
+        await settling.requeue(
             call.job_id,
-            JobState.QUEUED,
             self.number,
-            error_kind=err.kind,
-            error_message=err.message,
-            next_attempt_at=next_at,
+            err.kind,
+            err.message,
+            delay_s=step.delay_s,
+            usage=usage,
+            tail=tail,
         )
-        await through_outages(
-            "re-queue", lambda: tools.projector.apply(requeue, tail=tail, usage=usage)
-        )
-        tools.count(usage)
         await report_to_workflow(AttemptReport(JobState.QUEUED, self.number, err.kind))
         return adapter_failure(err.message, err.kind, delay=timedelta(seconds=step.delay_s))
 

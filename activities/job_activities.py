@@ -165,7 +165,7 @@ class JobActivities:
                 self.tools, call, attempt, job, prompt, running, draw, probing=probing
             ).run()
         if not call.settle_success:
-            await self.tools.end_attempt(done.tail, done.usage)
+            await self.tools.settling.usage(done.usage, done.tail)
             return done.outcome
         settled = await self._settle_success(call.job_id, done.outcome, done.tail, done.usage)
         # The response text is in the projection now; it need not enter workflow history.
@@ -220,14 +220,9 @@ class JobActivities:
         usage: AttemptUsage | None = None,
     ) -> SettleResult:
         response_id = response_id_for(job_id)
-        result = await through_outages(
-            "settle success",
-            lambda: self.projector.succeed(
-                job_id, outcome.attempt, response_id, outcome, tail=tail, usage=usage
-            ),
+        result = await self.tools.settling.succeed(
+            job_id, outcome.attempt, outcome, tail=tail, usage=usage
         )
-        if usage is not None:
-            self.tools.count(usage)
         kept = result.state is JobState.SUCCEEDED
         if kept:
             await wake(result.waiting_children)

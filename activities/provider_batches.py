@@ -9,11 +9,9 @@ what the batch already did to each job (DeferredJob.attempt, .verdict) and tells
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
@@ -45,19 +43,15 @@ from activities.errors import AdapterError
 from activities.job_activities import wake
 from activities.outages import through_outages
 from activities.prices import PriceTable
-from projections import metrics
+from activities.settle import Settling
 from projections.domain.lifecycle import (
     BackoffPolicy,
     End,
     ErrorKind,
-    FailedAttempt,
     JobState,
-    next_step,
 )
 from projections.errors import database_unavailable
-from projections.ids import response_id_for
 from projections.models import Job, ProviderBatch, job_options
-from projections.projector import Transition
 from projections.provider_batches import Member
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
@@ -107,10 +101,9 @@ class BatchActivities:
         metrics_org_labels: bool = False,
     ) -> None:
         self.store = store
-        self.metrics_org_labels = metrics_org_labels
+        self.settling = Settling(store, backoff, metrics_org_labels)
         self.batches = store.provider_batches
         self.adapters = adapters
-        self.backoff = backoff
         self.prices = prices
 
     # -- a deferrable job's workflow -----------------------------------------------------
@@ -427,8 +420,7 @@ class BatchActivities:
             if line.result is not None or line.error is not None:
                 # The tokens were spent all the same: record them (the row stays as it is).
                 attempt = member.deferred.attempt or job.attempt + 1
-                usage = await self._usage(batch, member, attempt, line)
-                await self.store.projector.end_attempt(None, self._count(usage))
+                await self.settling.usage(await self._usage(batch, member, attempt, line))
         elif line.result is None and line.error is None:
             verdict = await self._not_run(batch, member)
         else:
@@ -441,11 +433,6 @@ class BatchActivities:
                 verdict = await self._failed(batch, member, attempt, line)
         await self.batches.record(job.job_id, verdict=asdict(verdict))
         return verdict
-
-    def _count(self, usage: AttemptUsage) -> AttemptUsage:
-        """Count the usage in the metrics, as a direct attempt's is."""
-        metrics.count_usage(usage, usage.org if self.metrics_org_labels else "")
-        return usage
 
     async def _usage(
         self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
@@ -491,7 +478,7 @@ class BatchActivities:
     ) -> BatchVerdict:
         assert line.result is not None
         job_id = member.job.job_id
-        usage = self._count(await self._usage(batch, member, attempt, line))
+        usage = await self._usage(batch, member, attempt, line)
         result = replace(
             line.result,
             input_tokens=usage.input_tokens,
@@ -500,16 +487,8 @@ class BatchActivities:
             cost_usd=usage.cost_usd,
             latency_ms=usage.duration_ms,
         )
-        applied = await through_outages(
-            "settle success",
-            lambda: self.store.projector.succeed(
-                job_id,
-                attempt,
-                response_id_for(job_id),
-                result,
-                tail=OutputBatch(job_id, attempt, 0, result.text),
-                usage=usage,
-            ),
+        applied = await self.settling.succeed(
+            job_id, attempt, result, tail=OutputBatch(job_id, attempt, 0, result.text), usage=usage
         )
         if applied.state is JobState.SUCCEEDED:
             await wake(applied.waiting_children)
@@ -525,37 +504,22 @@ class BatchActivities:
         err = line.error
         assert err is not None
         job = member.job
-        usage = self._count(await self._usage(batch, member, attempt, line))
+        usage = await self._usage(batch, member, attempt, line)
         message = f"{err.message} (in {via_batch(batch)})"
         via = f"{DIRECTLY}: its line in {via_batch(batch)} failed ({err.kind.value})"
         if err.kind is ErrorKind.RATE_LIMIT:
             delay, spared = err.retry_after_s or 0.0, 1
         else:
-            step = next_step(
-                FailedAttempt(err.kind, message, attempt, job.max_attempts, err.retry_after_s),
-                policy=self.backoff,
-                now_s=time.time(),
-                deadline_s=float("inf"),
-                unit_random=random.random(),
+            step = self.settling.next_step(
+                err.kind, message, attempt, job.max_attempts, retry_after_s=err.retry_after_s
             )
             if isinstance(step, End):
-                failed = Transition(
-                    job.job_id, JobState.FAILED, error_kind=step.kind, error_message=step.message
-                )
-                await through_outages(
-                    "settle failure", lambda: self.store.projector.apply(failed, usage=usage)
-                )
+                await self.settling.fail(job.job_id, step.kind, step.message, usage=usage)
                 return settled_verdict(await self._row(job.job_id))
             delay, spared = step.delay_s, 0
-        requeue = Transition(
-            job.job_id,
-            JobState.QUEUED,
-            attempt,
-            error_kind=err.kind,
-            error_message=message,
-            next_attempt_at=datetime.now(UTC) + timedelta(seconds=delay),
+        await self.settling.requeue(
+            job.job_id, attempt, err.kind, message, delay_s=delay, usage=usage
         )
-        await through_outages("re-queue", lambda: self.store.projector.apply(requeue, usage=usage))
         return BatchVerdict(False, JobState.QUEUED, attempt, spared, delay, via)
 
     async def _not_run(self, batch: ProviderBatch, member: Member) -> BatchVerdict:
@@ -568,19 +532,13 @@ class BatchActivities:
             why = f"{via_batch(batch)} ended {batch.provider_status} without running it"
         if job.state is not JobState.RUNNING:
             return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {why}")
-        requeue = Transition(
-            job.job_id,
-            JobState.QUEUED,
-            job.attempt,
-            error_kind=ErrorKind.TIMEOUT,
-            error_message=why,
-            next_attempt_at=datetime.now(UTC),
-        )
         usage = replace(
             await self._usage(batch, member, job.attempt, LineResult(job.job_id)),
             outcome=ErrorKind.TIMEOUT.value,
         )
-        await through_outages("re-queue", lambda: self.store.projector.apply(requeue, usage=usage))
+        await self.settling.requeue(
+            job.job_id, job.attempt, ErrorKind.TIMEOUT, why, usage=usage, counted=False
+        )
         return BatchVerdict(False, JobState.QUEUED, job.attempt, 1, via=f"{DIRECTLY}: {why}")
 
     async def _row(self, job_id: str) -> Job:

@@ -77,8 +77,11 @@ class Settling:
         delay_s: float = 0.0,
         usage: AttemptUsage | None = None,
         tail: OutputBatch | None = None,
+        counted: bool = True,
     ) -> datetime:
-        """`running → queued`: the next attempt `at` (else `delay_s` from now); when."""
+        """`running → queued`: the next attempt `at` (else `delay_s` from now); when. Its
+        usage is recorded, and counted in the metrics unless `counted` is False (a batch's
+        line the provider never ran consumed nothing)."""
         next_at = at or datetime.now(UTC) + timedelta(seconds=delay_s)
         requeue = Transition(
             job_id,
@@ -90,7 +93,7 @@ class Settling:
         )
         projector = self.store.projector
         await through_outages("re-queue", lambda: projector.apply(requeue, tail=tail, usage=usage))
-        if usage is not None:
+        if usage is not None and counted:
             self.count(usage)
         return next_at
 

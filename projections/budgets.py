@@ -41,6 +41,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import GroupCommit, WriteTx
+from projections.domain import budgets as rules
+from projections.domain.budgets import Limits
 from projections.domain.lifecycle import JobState
 from projections.models import Base, BudgetDraw, BudgetWaiter, Job, OrgLimit, ProviderBudget
 
@@ -55,11 +57,8 @@ WINDOW = timedelta(seconds=60)
 
 
 def held_for() -> timedelta:
-    """How long a draw counts: the window, and a margin (1 s a minute, at least 0.5 s). A
-    draw is taken before its request reaches the provider, and the request that replaces it
-    may get there sooner than it did: without the margin, that one could land inside the
-    provider's minute of the first."""
-    return WINDOW + max(WINDOW / 60, timedelta(seconds=0.5))
+    """How long a draw counts (projections/domain/budgets.py), over WINDOW."""
+    return rules.held_for(WINDOW)
 
 
 # pg_advisory_xact_lock(key1, key2): this namespace, then the budget's hash.
@@ -96,18 +95,6 @@ class Draw:
     org: str = ""
     # The org's own quota of tokens a minute over every budget (`orgs limit --tpm`), if any.
     org_tpm: int | None = None
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A budget's limits in force: the operator's, else the learned ones (None: no limit)."""
-
-    rpm: int | None
-    tpm: int | None
-
-    @classmethod
-    def of(cls, row: Any) -> Limits:
-        return cls(row.rpm or row.learned_rpm, row.tpm or row.learned_tpm)
 
 
 @dataclass(frozen=True)
@@ -199,9 +186,7 @@ def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetW
     rank = held if held is not None else _rank(tx, draw, limits, now)
     ahead_n, ahead_tokens = _ahead(tx, draw.budget, job_id, rank)
     requests, tokens = _spent(tx, draw.budget, now)
-    requests_fit = limits.rpm is None or requests + ahead_n < limits.rpm
-    tokens_fit = limits.tpm is None or tokens + ahead_tokens + draw.tokens <= limits.tpm
-    if not paused and requests_fit and tokens_fit:
+    if not paused and rules.fits(limits, requests, tokens, ahead_n, ahead_tokens, draw.tokens):
         return draw
     if paused:
         until = budget.paused_until
@@ -294,15 +279,11 @@ def _over_org_quota(
         .where(JOBS.c.org == draw.org, DRAWS.c.drawn_at > now - held_for())
         .order_by(DRAWS.c.drawn_at)
     ).all()
-    used = sum(int(tokens) for _, tokens in rows)
-    if used + draw.tokens <= quota:
+    draws = [(drawn_at, int(tokens)) for drawn_at, tokens in rows]
+    until = rules.quota_room_at(draws, quota, draw.tokens, now, WINDOW)
+    if until is None:
         return None
-    until, left = now + held_for(), used
-    for drawn_at, tokens in rows:
-        left -= int(tokens)
-        if left + draw.tokens <= quota:
-            until = drawn_at + held_for()
-            break
+    used = sum(tokens for _, tokens in draws)
     reason = (
         f"org {draw.org}'s token quota: {used} of its {quota} tokens a minute drawn in the last "
         f"minute; room expected about {until:%H:%M:%S} UTC"
@@ -311,17 +292,8 @@ def _over_org_quota(
 
 
 def _rank(tx: WriteTx, draw: Draw, limits: Limits, now: datetime) -> float:
-    """A new waiter's rank: when it began to wait, plus priority x aging, plus its org's
-    recent use: one call's share of the window for every call its org drew on the budget
-    in the last window. Within an org that is the same for every job, so priority and age
-    decide; between orgs, an org that just had the budget to itself waits behind another
-    org's job that came a little later (fair queuing by recent use)."""
-    if limits.rpm is not None:
-        spacing = WINDOW.total_seconds() / limits.rpm
-    elif limits.tpm is not None:
-        spacing = WINDOW.total_seconds() * draw.tokens / limits.tpm
-    else:
-        spacing = 0.0
+    """A new waiter's rank (projections/domain/budgets.rank), its org's calls on the budget
+    in the last window read here."""
     used = tx.execute(
         select(func.count())
         .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
@@ -331,7 +303,7 @@ def _rank(tx: WriteTx, draw: Draw, limits: Limits, now: datetime) -> float:
             JOBS.c.org == draw.org,
         )
     ).scalar_one()
-    return now.timestamp() + draw.priority * draw.aging_s + spacing * int(used)
+    return rules.rank(now, draw.priority, draw.aging_s, limits, draw.tokens, int(used), WINDOW)
 
 
 def _ahead(tx: WriteTx, budget: str, job_id: str, rank: float) -> tuple[int, int]:
@@ -361,22 +333,15 @@ def _spent(tx: WriteTx, budget: str, now: datetime) -> tuple[int, int]:
 def _room_at(
     tx: WriteTx, draw: Draw, limits: Limits, requests: int, tokens: int, now: datetime
 ) -> datetime:
-    """When enough of the window's draws will have left for this one to fit, counting what
-    the waiters before it need (a window away at most: then the whole minute is free)."""
+    """When this draw will fit (projections/domain/budgets.budget_room_at), counting what the
+    waiters before it need; the window's draws read here."""
     rows = tx.execute(
         select(DRAWS.c.drawn_at, DRAWS.c.tokens)
         .where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at > now - held_for())
         .order_by(DRAWS.c.drawn_at)
     ).all()
-    leave_requests = 0 if limits.rpm is None else requests - limits.rpm + 1
-    leave_tokens = 0 if limits.tpm is None else tokens + draw.tokens - limits.tpm
-    left_requests = left_tokens = 0
-    for drawn_at, spent in rows:
-        left_requests += 1
-        left_tokens += spent
-        if left_requests >= leave_requests and left_tokens >= leave_tokens:
-            return drawn_at + held_for()  # type: ignore[no-any-return]
-    return now + held_for()
+    draws = [(drawn_at, int(spent)) for drawn_at, spent in rows]
+    return rules.budget_room_at(draws, limits, requests, tokens, draw.tokens, now, WINDOW)
 
 
 # -- after the call --------------------------------------------------------------------

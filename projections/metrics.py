@@ -135,19 +135,30 @@ def transition_labels(state: JobState, error_kind: str | None) -> tuple[str, str
     return state.value, kind or ""
 
 
-# A job's options name its model, so any tenant could mint label values: past this many
-# distinct models a process counts the rest under "other" (a scrape stays bounded).
+class BoundedLabels:
+    """Label values a tenant could mint without end (a job's options name its model, and its
+    budget): the first `most` a process sees are kept, the rest count under "other", so a
+    scrape stays bounded."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.most:
+            self._seen.add(value)
+            return value
+        return "other"
+
+
 MAX_MODEL_LABELS = 200
-_models: set[str] = set()
+MODEL_LABELS = BoundedLabels(MAX_MODEL_LABELS)
 
 
 def model_label(model: str) -> str:
-    if model in _models:
-        return model
-    if len(_models) < MAX_MODEL_LABELS:
-        _models.add(model)
-        return model
-    return "other"
+    return MODEL_LABELS(model)
 
 
 def count_usage(usage: UsageRecord, org: str) -> None:
@@ -184,19 +195,10 @@ class BudgetFigures(Protocol):
     def rate_limited(self) -> int: ...
 
 
-# Budgets are named by tenants' model names too: past this many a process sums the rest
-# under "other" (their own set: a budget's name never takes a model's place, or the reverse).
+# Budgets are named by tenants' model names too: past this many a process sums the rest under
+# "other" (a set of their own: a budget's name never takes a model's place, or the reverse).
 MAX_BUDGET_LABELS = 200
-_budgets: set[str] = set()
-
-
-def budget_label(name: str) -> str:
-    if name in _budgets:
-        return name
-    if len(_budgets) < MAX_BUDGET_LABELS:
-        _budgets.add(name)
-        return name
-    return "other"
+BUDGET_LABELS = BoundedLabels(MAX_BUDGET_LABELS)
 
 
 @dataclass
@@ -240,7 +242,7 @@ def record_budgets(budgets: Iterable[BudgetFigures]) -> None:
         gauge.clear()
     sums: dict[str, _BudgetSums] = {}
     for b in budgets:
-        sums.setdefault(budget_label(b.name), _BudgetSums()).add(b)
+        sums.setdefault(BUDGET_LABELS(b.name), _BudgetSums()).add(b)
     for name, f in sums.items():
         for unit, limit in (("requests", f.requests_limit), ("tokens", f.tokens_limit)):
             if limit is not None:

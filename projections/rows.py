@@ -32,7 +32,7 @@ Timestamp = Annotated[
 
 
 class JobRow(BaseModel):
-    """shared/DESIGN.md's job row (UTC ISO-8601 timestamps)."""
+    """The job row of the API's contract (docs/api.md) (UTC ISO-8601 timestamps)."""
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -89,8 +89,17 @@ class JobRow(BaseModel):
     cost_usd: float | None = Field(
         default=None,
         description="What those attempts cost by the workers' price table, in US dollars; "
-        "null when unknown (an attempt ran on a model without a price)",
+        "null until an attempt has consumed tokens, and when unknown (an attempt ran on a "
+        "model without a price): never 0 for nothing spent",
     )
+
+    @model_validator(mode="after")
+    def _nothing_spent_has_no_cost(self) -> JobRow:
+        # The row starts at 0: read as null until tokens were counted, so a job does not go
+        # from 0 to null when its model turns out to have no price.
+        if self.cost_usd == 0 and self.input_tokens == 0 and self.output_tokens == 0:
+            self.cost_usd = None
+        return self
 
     @model_validator(mode="before")
     @classmethod

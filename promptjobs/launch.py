@@ -73,7 +73,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 DEV_SERVER_ARGS = [
-    # On-disk, yet near in-memory speed (shared/DESIGN.md's measurements).
+    # On-disk, yet near in-memory speed (measured: bench/README.md).
     "--sqlite-pragma", "journal_mode=wal",
     "--sqlite-pragma", "synchronous=normal",
     # One partition, so task-queue priority is strict; fairness keys balance orgs.

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     api_port: int = 8000
     """Port the API listens on."""
 
-    # Job execution defaults (shared/DESIGN.md).
+    # Job execution defaults (docs/api.md, docs/providers.md).
     max_attempts_default: int = Field(default=3, ge=1, le=10)
     """Attempts a job gets when its submission does not say."""
     job_ceiling_s: float = Field(default=900.0, gt=0)

@@ -86,7 +86,7 @@ class ChatAdapter(Generic[OptionsT]):
 
 
 def status_kind(status: int) -> ErrorKind:
-    """shared/DESIGN.md's table: which error kind an HTTP failure status is."""
+    """The error-kind table (docs/providers.md): which error kind an HTTP failure status is."""
     if status == 429:
         return ErrorKind.RATE_LIMIT
     if status in (401, 403):

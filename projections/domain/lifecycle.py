@@ -177,7 +177,7 @@ OUTPUT_STATES = (JobState.RUNNING, JobState.CANCELLED, JobState.FAILED)
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    """When the next attempt runs. Defaults are shared/DESIGN.md's: 5 s, 25 s, 125 s ± 20 %."""
+    """When the next attempt runs. Defaults: 5 s, 25 s, 125 s ± 20 %."""
 
     initial_s: float = 5.0
     coefficient: float = 5.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +317,11 @@ async def test_readyz_is_503_when_temporal_is_unreachable(tmp_path: Path) -> Non
     assert body["checks"]["database"] == "ok"
     assert body["checks"]["temporal"].startswith("unreachable")
     assert accepted.status_code == 202
+
+
+async def test_a_job_that_has_spent_nothing_has_no_cost_yet(stack: Stack) -> None:
+    # Null until tokens were counted (never 0, then null once its model turns out unpriced).
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    accepted = await stack.submit("not yet", scheduled_for=later)
+    job = await stack.job(accepted["job_id"])
+    assert (job["state"], job["input_tokens"], job["cost_usd"]) == ("queued", 0, None)

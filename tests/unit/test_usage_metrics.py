@@ -12,7 +12,7 @@ def test_model_labels_are_bounded_whatever_models_jobs_name(
     from projections import metrics
 
     # A set of this test's own: the process's labels are not used up for the tests after it.
-    monkeypatch.setattr(metrics, "_models", set())
+    monkeypatch.setattr(metrics, "MODEL_LABELS", metrics.BoundedLabels(metrics.MAX_MODEL_LABELS))
     minted = [
         metrics.model_label(f"tenant-model-{i}") for i in range(metrics.MAX_MODEL_LABELS + 50)
     ]
@@ -30,7 +30,7 @@ def test_budgets_past_the_label_cap_are_summed_under_other_and_none_is_left_stal
     from projections import metrics
     from projections.budgets import BudgetStanding
 
-    monkeypatch.setattr(metrics, "_budgets", set())
+    monkeypatch.setattr(metrics, "BUDGET_LABELS", metrics.BoundedLabels(metrics.MAX_BUDGET_LABELS))
 
     def budget(i: int, *, paused: bool = False, rate_limited: int = 0) -> BudgetStanding:
         return BudgetStanding(
