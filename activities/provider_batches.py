@@ -1,6 +1,6 @@
-"""The activities of deferrable jobs and their provider batches (issue 33).
+"""The activities of provider batches (issue 33; a deferrable job's own `defer_job` is in
+activities/deferral.py).
 
-`defer_job` (a job's workflow): the job waits for a batch, or runs directly and says why.
 `submit_provider_batch`, `poll_provider_batch`, `settle_provider_batch` (a batch's workflow,
 workflows/provider_batch.py): send the batch once, follow it, and settle each job from its
 own result line as a direct attempt would have been, through the same projector. Each is
@@ -35,10 +35,9 @@ from activities.contracts import (
     BatchSent,
     BatchSettled,
     BatchVerdict,
-    DeferJob,
-    Deferral,
     ProviderBatchRef,
 )
+from activities.deferral import DIRECTLY
 from activities.errors import AdapterError
 from activities.job_activities import wake
 from activities.outages import through_outages
@@ -51,12 +50,11 @@ from projections.domain.lifecycle import (
     JobState,
 )
 from projections.errors import database_unavailable
-from projections.models import Job, ProviderBatch, job_options
+from projections.models import Job, ProviderBatch
 from projections.provider_batches import Member
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
-DIRECTLY = "deferrable, run directly"
 # The provider status of a batch the provider no longer answers for (HTTP 404 and the like).
 LOST = "lost"
 # The jobs of a batch read with their prompts at once, while it is sent: memory stays in
@@ -105,38 +103,6 @@ class BatchActivities:
         self.batches = store.provider_batches
         self.adapters = adapters
         self.prices = prices
-
-    # -- a deferrable job's workflow -----------------------------------------------------
-
-    @activity.defn(name="defer_job")
-    async def defer_job(self, defer: DeferJob) -> Deferral:
-        """Record the job as waiting for a provider batch of its provider and model, unless
-        that provider has none (the fake; a compatible server found without one lately)."""
-        job, prompt = await through_outages(
-            "load job", lambda: self.store.job_and_prompt(defer.job_id)
-        )
-        options = job_options(job, prompt)
-        provider = self.adapters.provider_of(options)
-        try:
-            adapter = self.adapters.get(options)
-        except InvalidOptions:
-            return Deferral(False, f"{DIRECTLY}: provider {provider} is not configured here")
-        if batch_api_of(adapter) is None:
-            return Deferral(False, f"{DIRECTLY}: provider {provider} has no batch API")
-        if not adapter.configured:
-            return Deferral(False, f"{DIRECTLY}: provider {provider} has no credential")
-        known = await self.batches.unsupported(provider)
-        if known is not None:
-            return Deferral(False, f"{DIRECTLY}: {known}")
-        if job.state is not JobState.QUEUED:
-            # Settled meanwhile (cancelled): the workflow's attempt finds it closed.
-            return Deferral(False, f"{DIRECTLY}: the job is {job.state.value}")
-        deferred = await self.batches.defer(job, provider, self.adapters.model_of(options))
-        if deferred.verdict is not None:
-            # A restarted workflow (the reconciler's) of a job its batch is done with: the
-            # batch told the workflow that was lost; the job runs (or closes) directly.
-            return Deferral(False, f"{DIRECTLY}: its provider batch {deferred.batch_id} ended")
-        return Deferral(True)
 
     # -- a provider batch's workflow -----------------------------------------------------
 

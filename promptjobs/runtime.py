@@ -19,6 +19,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.adapters.base import AdapterRegistry
+from activities.deferral import DeferralActivities
 from activities.job_activities import JobActivities
 from activities.output import OutputStreams
 from activities.prices import PriceTable
@@ -98,7 +99,7 @@ def build_worker(
             activities.finalize_success,
             activities.settle_job,
             activities.check_parents,
-            batches.defer_job,
+            DeferralActivities(projection.store, adapters).defer_job,
             batches.submit_provider_batch,
             batches.poll_provider_batch,
             batches.settle_provider_batch,

@@ -47,8 +47,8 @@ with workflow.unsafe.imports_passed_through():
         SettleJob,
         SettleResult,
     )
+    from activities.deferral import DeferralActivities
     from activities.job_activities import JobActivities
-    from activities.provider_batches import BatchActivities
     from projections.domain.lifecycle import (
         NON_RETRYABLE_TYPES,
         TIMEOUT_KINDS,
@@ -223,7 +223,7 @@ class PromptJobWorkflow:
         settled it, how it runs directly (its provider has no batch API, or the batch sent it
         back), or the error message once the ceiling passed first."""
         deferral: Deferral = await workflow.execute_activity_method(
-            BatchActivities.defer_job,
+            DeferralActivities.defer_job,
             DeferJob(job.job_id),
             start_to_close_timeout=PROJECTION_TIMEOUT,
             retry_policy=PROJECTION_RETRY,

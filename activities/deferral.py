@@ -1,0 +1,55 @@
+"""A deferrable job's own activity (issue 33): `defer_job`, from the job's workflow. The job
+waits to be gathered into a provider batch (services/batching.py; the batch's own activities
+are activities/provider_batches.py), or runs directly and says why."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from activities.adapters.base import AdapterRegistry, InvalidOptions
+from activities.adapters.batch import batch_api_of
+from activities.contracts import DeferJob, Deferral
+from activities.outages import through_outages
+from projections.domain.lifecycle import JobState
+from projections.models import job_options
+from projections.store import JobStore
+
+# How a deferrable job that is not batched says why (on its attempt's `via`).
+DIRECTLY = "deferrable, run directly"
+
+
+class DeferralActivities:
+    def __init__(self, store: JobStore, adapters: AdapterRegistry) -> None:
+        self.store = store
+        self.batches = store.provider_batches
+        self.adapters = adapters
+
+    @activity.defn(name="defer_job")
+    async def defer_job(self, defer: DeferJob) -> Deferral:
+        """Record the job as waiting for a provider batch of its provider and model, unless
+        that provider has none (the fake; a compatible server found without one lately)."""
+        job, prompt = await through_outages(
+            "load job", lambda: self.store.job_and_prompt(defer.job_id)
+        )
+        options = job_options(job, prompt)
+        provider = self.adapters.provider_of(options)
+        try:
+            adapter = self.adapters.get(options)
+        except InvalidOptions:
+            return Deferral(False, f"{DIRECTLY}: provider {provider} is not configured here")
+        if batch_api_of(adapter) is None:
+            return Deferral(False, f"{DIRECTLY}: provider {provider} has no batch API")
+        if not adapter.configured:
+            return Deferral(False, f"{DIRECTLY}: provider {provider} has no credential")
+        known = await self.batches.unsupported(provider)
+        if known is not None:
+            return Deferral(False, f"{DIRECTLY}: {known}")
+        if job.state is not JobState.QUEUED:
+            # Settled meanwhile (cancelled): the workflow's attempt finds it closed.
+            return Deferral(False, f"{DIRECTLY}: the job is {job.state.value}")
+        deferred = await self.batches.defer(job, provider, self.adapters.model_of(options))
+        if deferred.verdict is not None:
+            # A restarted workflow (the reconciler's) of a job its batch is done with: the
+            # batch told the workflow that was lost; the job runs (or closes) directly.
+            return Deferral(False, f"{DIRECTLY}: its provider batch {deferred.batch_id} ended")
+        return Deferral(True)
