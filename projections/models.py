@@ -273,7 +273,7 @@ class JobOutput(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
-class Attempt(Base):
+class AttemptRecord(Base):
     """What one attempt consumed and how it ended, written once by the attempt's worker when
     the call ends (succeeded, failed, cancelled). An attempt whose worker died records
     nothing: its usage is unknown."""

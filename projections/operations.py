@@ -17,7 +17,7 @@ from projections.batches import ACTIVE
 from projections.db import transaction
 from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
 from projections.models import (
-    Attempt,
+    AttemptRecord,
     Batch,
     BatchLine,
     DeferredJob,
@@ -137,12 +137,12 @@ class Operations:
             return {}
         async with self.sessions() as session:
             rows = await session.execute(
-                select(Attempt.job_id, func.count())
+                select(AttemptRecord.job_id, func.count())
                 .where(
-                    Attempt.job_id.in_(job_ids),
-                    Attempt.outcome == ErrorKind.RATE_LIMIT.value,
+                    AttemptRecord.job_id.in_(job_ids),
+                    AttemptRecord.outcome == ErrorKind.RATE_LIMIT.value,
                 )
-                .group_by(Attempt.job_id)
+                .group_by(AttemptRecord.job_id)
             )
             return {job_id: int(n) for job_id, n in rows.all()}
 
@@ -185,14 +185,14 @@ class Operations:
         # Each attempt that ended in an error counts, retried or not: a re-queue's kind is
         # cleared from the row by the success that follows it, but not from the attempts.
         errors = (
-            select(Attempt.org, Attempt.outcome, func.count())
-            .where(Attempt.outcome.in_([kind.value for kind in ErrorKind]))
-            .group_by(Attempt.org, Attempt.outcome)
+            select(AttemptRecord.org, AttemptRecord.outcome, func.count())
+            .where(AttemptRecord.outcome.in_([kind.value for kind in ErrorKind]))
+            .group_by(AttemptRecord.org, AttemptRecord.outcome)
         )
         if since is not None:
-            errors = errors.where(Attempt.started_at >= since)
+            errors = errors.where(AttemptRecord.started_at >= since)
         if org is not None:
-            errors = errors.where(Attempt.org == org)
+            errors = errors.where(AttemptRecord.org == org)
         async with self.sessions() as session:
             rows = (await session.execute(stmt)).all()
             attempt_errors = (await session.execute(errors)).all()
@@ -239,23 +239,25 @@ class Operations:
         """Tokens and cost of the attempts that ended at or after `since`, per org and model,
         each org followed by its total."""
         stmt = select(
-            Attempt.org,
-            Attempt.provider,
-            Attempt.model,
+            AttemptRecord.org,
+            AttemptRecord.provider,
+            AttemptRecord.model,
             func.count(),
-            func.coalesce(func.sum(Attempt.input_tokens), 0),
-            func.coalesce(func.sum(Attempt.output_tokens), 0),
-            func.coalesce(func.sum(Attempt.cost_usd), 0.0),
-            func.count() - func.count(Attempt.cost_usd),
-            func.sum(case((Attempt.usage_estimated, 1), else_=0)),
-        ).group_by(Attempt.org, Attempt.provider, Attempt.model)
+            func.coalesce(func.sum(AttemptRecord.input_tokens), 0),
+            func.coalesce(func.sum(AttemptRecord.output_tokens), 0),
+            func.coalesce(func.sum(AttemptRecord.cost_usd), 0.0),
+            func.count() - func.count(AttemptRecord.cost_usd),
+            func.sum(case((AttemptRecord.usage_estimated, 1), else_=0)),
+        ).group_by(AttemptRecord.org, AttemptRecord.provider, AttemptRecord.model)
         if since is not None:
-            stmt = stmt.where(Attempt.ended_at >= since)
+            stmt = stmt.where(AttemptRecord.ended_at >= since)
         if org is not None:
-            stmt = stmt.where(Attempt.org == org)
+            stmt = stmt.where(AttemptRecord.org == org)
         async with self.sessions() as session:
             rows = (
-                await session.execute(stmt.order_by(Attempt.org, Attempt.provider, Attempt.model))
+                await session.execute(
+                    stmt.order_by(AttemptRecord.org, AttemptRecord.provider, AttemptRecord.model)
+                )
             ).all()
         result: list[UsageMetrics] = []
         for name in sorted({row[0] for row in rows}):
@@ -361,7 +363,9 @@ class Operations:
                 await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
                 await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
                 await session.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
-                await session.execute(delete(Attempt).where(Attempt.job_id.in_(old_jobs)))
+                await session.execute(
+                    delete(AttemptRecord).where(AttemptRecord.job_id.in_(old_jobs))
+                )
                 await session.execute(delete(DeferredJob).where(DeferredJob.job_id.in_(old_jobs)))
                 await session.execute(delete(Job).where(chosen))
                 orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()

@@ -17,7 +17,7 @@ from projections.db import VisibleHorizon
 from projections.domain.lifecycle import EventType, JobState
 from projections.event_log import utcnow
 from projections.models import (
-    Attempt,
+    AttemptRecord,
     Job,
     JobEvent,
     JobOutput,
@@ -109,7 +109,7 @@ class JobReads:
             job = await get_visible(session, Job, "job", job_id, scope)
             stored = await session.get(JobOutput, job_id)
             ended = job.attempt == 0 or (
-                await session.get(Attempt, (job_id, job.attempt)) is not None
+                await session.get(AttemptRecord, (job_id, job.attempt)) is not None
             )
         # Final once the job has settled and its last attempt has ended: a call cut by a
         # cancel writes its last text with its usage record, just after the row settles.
@@ -125,11 +125,15 @@ class JobReads:
         offset = min(max(since, 0), stored.length)
         return Output(job, stored.attempt, offset, stored.text[offset:], done)
 
-    async def attempts(self, scope: Scope, job_id: str) -> tuple[Job, list[Attempt]]:
+    async def attempts(self, scope: Scope, job_id: str) -> tuple[Job, list[AttemptRecord]]:
         """The job and each of its attempts that recorded what it consumed, oldest first."""
         async with self.sessions() as session:
             job = await get_visible(session, Job, "job", job_id, scope)
-            stmt = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.attempt)
+            stmt = (
+                select(AttemptRecord)
+                .where(AttemptRecord.job_id == job_id)
+                .order_by(AttemptRecord.attempt)
+            )
             return job, list((await session.execute(stmt)).scalars())
 
     async def jobs_changed_since(

@@ -18,12 +18,12 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from projections.db import WriteTx
 from projections.domain.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.event_log import append_event, log_event, log_events, prepared
-from projections.models import Attempt, Base, Job, JobOutput
+from projections.models import AttemptRecord, Base, Job, JobOutput
 from projections.rows import job_row
 
 JOBS = Base.metadata.tables[Job.__tablename__]
 OUTPUTS = Base.metadata.tables[JobOutput.__tablename__]
-ATTEMPTS = Base.metadata.tables[Attempt.__tablename__]
+ATTEMPTS = Base.metadata.tables[AttemptRecord.__tablename__]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class AttemptUsage:
     duration_ms: int
     started_at: datetime
     ended_at: datetime
-    # How the call was made where it was not one direct call (models.Attempt.via).
+    # How the call was made where it was not one direct call (models.AttemptRecord.via).
     via: str | None = None
 
 

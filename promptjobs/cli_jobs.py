@@ -21,7 +21,7 @@ from projections.budgets import BudgetStanding
 from projections.domain.lifecycle import EventType, JobState
 from projections.errors import InvalidState, NotFound, RetryLimit
 from projections.event_log import utcnow
-from projections.models import Attempt, Job, JobEvent, Prompt, Response, WorkerProcess
+from projections.models import AttemptRecord, Job, JobEvent, Prompt, Response, WorkerProcess
 from projections.scope import Scope
 from promptjobs.cli_budgets import budgets_table, standing_json
 from promptjobs.console import (
@@ -138,7 +138,7 @@ class JobView:
     prompt: Prompt
     answer: Response | None
     events: list[JobEvent]
-    attempts: list[Attempt]
+    attempts: list[AttemptRecord]
     others: list[Job]
     waits: str | None
 
@@ -260,7 +260,7 @@ def _answer(answer: Response) -> dict[str, Any]:
     }
 
 
-def _attempt(attempt: Attempt) -> dict[str, Any]:
+def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
     return {
         "attempt": attempt.attempt,
         "outcome": attempt.outcome,

@@ -17,7 +17,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from projections.domain.lifecycle import JobState
-from projections.models import Attempt, DeferredJob, Job, ProviderBatch
+from projections.models import AttemptRecord, DeferredJob, Job, ProviderBatch
 from tests.conftest import (
     MockProviderServer,
     Stack,
@@ -114,8 +114,8 @@ async def sent_once(stack: Stack, mock: MockProviderServer, tag: str, jobs: int)
     assert sorted(Counter(r["prompt"] for r in seen).values()) == [1] * jobs
     async with stack.projection.sessions() as session:
         attempts = await session.execute(
-            select(func.count(), func.max(Attempt.attempt)).where(
-                Attempt.via.like("provider batch %")
+            select(func.count(), func.max(AttemptRecord.attempt)).where(
+                AttemptRecord.via.like("provider batch %")
             )
         )
         assert tuple(attempts.one()) == (jobs, 1)
