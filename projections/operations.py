@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.batches import ACTIVE
 from projections.db import transaction
 from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
 from projections.models import (
@@ -31,6 +30,7 @@ from projections.models import (
     Response,
     StoredFile,
 )
+from projections.openai_batches import ACTIVE
 from projections.projector import exclude_writers_of_prompts
 
 PERCENTILES = (50, 90, 99)

@@ -15,11 +15,11 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.admission import OrgShares, fleet_share
-from projections.batches import BatchStore
 from projections.budgets import Budgets
 from projections.chain_store import ChainStore
 from projections.files import FileStore
 from projections.keys import KeyStore
+from projections.openai_batches import BatchStore
 from projections.operations import Operations
 from projections.projector import Projector
 from projections.provider_batches import ProviderBatches

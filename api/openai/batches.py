@@ -24,13 +24,13 @@ from api.openai.responses import (
     response_object,
     submission_of,
 )
-from projections.batches import Line, Outcome, timestamp
 from projections.budgets import OverBudget
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.errors import InvalidState, NotFound
 from projections.event_log import utcnow
 from projections.files import CHUNK_BYTES, new_file_id
 from projections.models import Batch
+from projections.openai_batches import Line, Outcome, timestamp
 from projections.scope import Scope
 from projections.store import JobStore
 from projections.writes import Submission

@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from api.deps import Caller, ServicesDep
 from api.openai.responses import UnsupportedParameter
 from api.problems import problem_responses
-from projections.batches import timestamp
 from projections.files import FileTooLarge, OrgStorageFull
 from projections.models import StoredFile
+from projections.openai_batches import timestamp
 
 router = APIRouter(prefix="/v1/files", tags=["openai"])
 
