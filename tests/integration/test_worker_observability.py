@@ -84,7 +84,12 @@ async def test_a_worker_serves_our_counters_and_the_sdks_metrics_and_reports_its
                 "PROMPTJOBS_DATA_DIR": str(settings.data_dir),
                 "PROMPTJOBS_WORKER_HEARTBEAT_S": "0.5",
             }
-            status = await status_json(cli_env)
+            # The worker records itself as it starts, beside its polling: under a loaded machine
+            # that write may land a moment after the worker says it is ready.
+            status = await eventually(
+                lambda: status_json(cli_env),
+                lambda s: any(w["config"]["pid"] == worker.pid for w in s["registered_workers"]),
+            )
             (registered,) = [
                 w for w in status["registered_workers"] if w["config"]["pid"] == worker.pid
             ]
