@@ -137,20 +137,21 @@ class WorkerBudgets:
         """Charge the draw what the call cost, and keep what the provider said of its limits
         (written only when it changed: most answers repeat the last). A call the provider
         `counted` that drew nothing (its budget was not known when it started) is counted
-        now, so the budget's minute holds what the provider's does. A probe the provider did
+        now, so the budget's minute holds what the provider's does. A call the provider did
         not answer for its model (`answered` False: a client error, an unknown model say)
-        learns nothing and leaves no budget: a tenant's junk model names make no rows."""
-        if probing and not answered:
+        teaches nothing, and leaves no budget that nothing else set, taught or paused: a
+        tenant's junk model names make no rows, whether or not its call was the probe."""
+        if not answered:
             await self.store.discard_unanswered(name)
             self._known.pop(name, None)
-            return
         changed = (
-            limits is not None
+            answered
+            and limits is not None
             and self._learned.get(name) != limits
             # A budget the cap kept from being made is not made by what its call taught.
             and (name in self._known or len(self._known) < self.most)
         )
-        if changed or (probing and name not in self._learned):
+        if changed or (answered and probing and name not in self._learned):
             # What the provider says of its limits (nothing: the probe is over all the same).
             said = limits or ProviderLimits(None, None)
             await self.store.learn(name, said.rpm, said.tpm, datetime.now(UTC))
