@@ -112,6 +112,16 @@ BUDGET_RATE_LIMITED = Gauge(
     ["budget"],
 )
 
+# Every budget's gauges: set anew on each scrape (record_budgets).
+BUDGET_GAUGES = (
+    BUDGET_LIMIT,
+    BUDGET_USED,
+    BUDGET_RESERVED,
+    BUDGET_WAITING,
+    BUDGET_PAUSED,
+    BUDGET_RATE_LIMITED,
+)
+
 ALL = (
     SUBMISSIONS,
     TRANSITIONS,
@@ -120,12 +130,7 @@ ALL = (
     TOKENS,
     COST,
     UNPRICED,
-    BUDGET_LIMIT,
-    BUDGET_USED,
-    BUDGET_RESERVED,
-    BUDGET_WAITING,
-    BUDGET_PAUSED,
-    BUDGET_RATE_LIMITED,
+    *BUDGET_GAUGES,
 )
 
 
@@ -231,14 +236,7 @@ def record_budgets(budgets: Iterable[BudgetFigures]) -> None:
     """Each budget's figures, set anew (a budget forgotten since leaves no series). Past
     MAX_BUDGET_LABELS budgets the rest are summed under `budget="other"`: its paused gauge
     counts how many of them are paused."""
-    for gauge in (
-        BUDGET_LIMIT,
-        BUDGET_USED,
-        BUDGET_RESERVED,
-        BUDGET_WAITING,
-        BUDGET_PAUSED,
-        BUDGET_RATE_LIMITED,
-    ):
+    for gauge in BUDGET_GAUGES:
         gauge.clear()
     sums: dict[str, _BudgetSums] = {}
     for b in budgets:
