@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sse_starlette import ServerSentEvent
 
 from api.schemas import JobOut, OutputChunk, OutputReset
+from projections.domain.errors import Refused
 from projections.domain.lifecycle import EventType
 from projections.models import JobEvent
 from projections.rows import listed
@@ -103,8 +104,10 @@ class Ended(StrEnum):
     CLOSED = "closed"  # the API is shutting down
 
 
-class StreamLimit(Exception):
+class StreamLimit(Refused):
     """No room for another stream: per key or per process."""
+
+    code = "too_many_streams"
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)

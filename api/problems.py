@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
+from api.changes import StreamLimit
 from api.openai.errors import (
     from_openai_sdk,
     openai_error,
@@ -25,6 +26,8 @@ from api.openai.errors import (
 from api.openai.responses import UnsupportedParameter
 from api.schemas import REQUEST_FIELDS, unknown_field
 from projections.budgets import OverBudget
+from projections.domain.chains import UnknownPlaceholder
+from projections.domain.errors import PromptTooLarge, Refused
 from projections.errors import (
     IdempotencyConflict,
     InvalidState,
@@ -32,6 +35,7 @@ from projections.errors import (
     RetryLimit,
     database_unavailable,
 )
+from projections.files import FileTooLarge, OrgStorageFull
 
 log = logging.getLogger("promptjobs.api")
 
@@ -100,57 +104,63 @@ def not_found(what: str, ident: str) -> Problem:
     return Problem(404, "not_found", "Not found", f"no {what} {ident!r} in your organisation")
 
 
-Refusal = NotFound | InvalidState | IdempotencyConflict | InvalidOptions | RetryLimit | OverBudget
+# The HTTP status and title of each refusal (the closest class in its MRO wins).
+REFUSALS: dict[type[Refused], tuple[int, str]] = {
+    NotFound: (404, "Not found"),
+    InvalidState: (409, "Invalid state"),
+    RetryLimit: (409, "Retry limit reached"),
+    OverBudget: (422, "More than the provider budget allows"),
+    IdempotencyConflict: (422, "Idempotency-Key reused"),
+    InvalidOptions: (422, "Invalid options"),
+    UnknownPlaceholder: (422, "Unknown placeholder"),
+    PromptTooLarge: (413, "Prompt too large"),
+    FileTooLarge: (413, "File too large"),
+    OrgStorageFull: (413, "Storage quota exceeded"),
+    StreamLimit: (429, "Too many event streams"),
+    UnsupportedParameter: (400, "Unsupported parameter"),
+}
+# A 429 for too many streams: try again after this long (another stream may have ended).
+STREAM_RETRY_AFTER_S = 5
 
 
-def domain_problem(err: Refusal) -> Problem:
-    """The one mapping of the domain's refusals to problem details."""
+def domain_problem(err: Refused, *, openai: bool = False) -> Problem:
+    """The one mapping of the domain's refusals to problem details (`openai`: worded with
+    the OpenAI routes' names for the prompt's fields)."""
+    status, title = next(
+        (REFUSALS[kind] for kind in type(err).__mro__ if kind in REFUSALS), (422, "Refused")
+    )
+    detail, extra, field = str(err), dict[str, Any](), None
     if isinstance(err, NotFound):
         return not_found(err.what, err.ident)
     if isinstance(err, InvalidState):
-        return Problem(
-            409,
-            "invalid_state",
-            f"Cannot {err.action} a {err.state.value} job",
-            str(err),
-            job_id=err.job_id,
-            state=err.state.value,
+        title = f"Cannot {err.action} a {err.state.value} job"
+        extra = {"job_id": err.job_id, "state": err.state.value}
+    elif isinstance(err, RetryLimit):
+        extra = {"job_id": err.job_id, "prompt_id": err.prompt_id, "limit": err.limit}
+    elif isinstance(err, OverBudget):
+        extra = {"budget": err.budget, "tokens": err.tokens, "tokens_per_minute": err.tpm}
+    elif isinstance(err, InvalidOptions):
+        field = "body.options"
+    elif isinstance(err, UnknownPlaceholder):
+        detail = f"the prompt's {err.placeholder} cannot be filled: {err.reason}"
+    elif isinstance(err, PromptTooLarge):
+        names = ("the input", "instructions") if openai else ("the prompt", "options.system")
+        detail, field = err.worded(*names), "body.input" if openai else "body.prompt"
+    elif isinstance(err, FileTooLarge):
+        detail = f"the file is over {err.limit:,} bytes (PROMPTJOBS_MAX_FILE_BYTES)"
+        field = "body.file"
+    elif isinstance(err, OrgStorageFull):
+        detail = (
+            f"your organisation's files take {err.used:,} of the {err.quota:,} bytes they may "
+            "(PROMPTJOBS_ORG_MAX_FILE_BYTES): delete files you no longer need"
         )
-    if isinstance(err, RetryLimit):
-        return Problem(
-            409,
-            "retry_limit",
-            "Retry limit reached",
-            str(err),
-            job_id=err.job_id,
-            prompt_id=err.prompt_id,
-            limit=err.limit,
-        )
-    if isinstance(err, OverBudget):
-        return Problem(
-            422,
-            "over_provider_budget",
-            "More than the provider budget allows",
-            str(err),
-            budget=err.budget,
-            tokens=err.tokens,
-            tokens_per_minute=err.tpm,
-        )
-    if isinstance(err, IdempotencyConflict):
-        return Problem(
-            422,
-            "idempotency_key_reused",
-            "Idempotency-Key reused",
-            "this Idempotency-Key was already used with a different request body; "
-            "use a new key for a new request",
-        )
-    return Problem(
-        422,
-        "invalid_options",
-        "Invalid options",
-        str(err),
-        errors=[FieldError(field="body.options", message=str(err))],
-    )
+        field = "body.file"
+    elif isinstance(err, StreamLimit):
+        extra = {"headers": {"Retry-After": str(STREAM_RETRY_AFTER_S)}}
+    elif isinstance(err, UnsupportedParameter):
+        field = f"body.{err.param}"
+    errors = [FieldError(field=field, message=detail)] if field else None
+    return Problem(status, err.code, title, detail, errors=errors, **extra)
 
 
 # How long a client is asked to wait while the projection database is unreachable: outages
@@ -300,17 +310,10 @@ def install(app: FastAPI) -> None:
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
         return problem_response(exc, request)
 
-    async def _domain(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, Refusal)
-        return problem_response(domain_problem(exc), request)
-
-    refusals = (NotFound, InvalidState, IdempotencyConflict, InvalidOptions, RetryLimit, OverBudget)
-    for refusal in refusals:
-        app.add_exception_handler(refusal, _domain)
-
-    @app.exception_handler(UnsupportedParameter)
-    async def _unsupported(request: Request, exc: UnsupportedParameter) -> JSONResponse:
-        return openai_error(exc.status, exc.message, code=exc.code, param=exc.param)
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+        openai = speaks_openai(request.url.path)
+        return problem_response(domain_problem(exc, openai=openai), request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -334,10 +334,3 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: str = Field(description="`ready`, or `not_ready` when a dependency is unreachable")
     checks: dict[str, str] = Field(description="`database` and `temporal`: `ok` or why not")
-
-
-def oversize(prompt: str, system: str | None, limit: int) -> int | None:
-    """The UTF-8 bytes of a prompt and its system text (they go to the provider together),
-    if over `limit` (PROMPTJOBS_MAX_PROMPT_BYTES); else None."""
-    size = len(prompt.encode()) + len((system or "").encode())
-    return size if size > limit else None

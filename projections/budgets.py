@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections.db import GroupCommit, WriteTx
 from projections.domain import budgets as rules
 from projections.domain.budgets import Limits
+from projections.domain.errors import Refused
 from projections.domain.lifecycle import JobState
 from projections.models import Base, BudgetDraw, BudgetWaiter, Job, OrgLimit, ProviderBudget
 
@@ -119,9 +120,11 @@ class Probe:
     draw: Draw | None
 
 
-class OverBudget(ValueError):
+class OverBudget(Refused, ValueError):
     """A job whose call alone needs more tokens than its provider budget has in a minute:
     it could never run, so it is refused at submission."""
+
+    code = "over_provider_budget"
 
     def __init__(self, budget: str, tokens: int, tpm: int) -> None:
         super().__init__(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from projections.domain.errors import Refused
 from projections.domain.lifecycle import JobState
 
 
@@ -17,8 +18,10 @@ def database_unavailable(err: BaseException) -> bool:
     return isinstance(err, DBAPIError) and err.connection_invalidated
 
 
-class NotFound(LookupError):
+class NotFound(Refused, LookupError):
     """No `what` with this id is visible to the caller (another org's is not found either)."""
+
+    code = "not_found"
 
     def __init__(self, what: str, ident: str) -> None:
         super().__init__(f"no {what} {ident!r}")
@@ -26,8 +29,10 @@ class NotFound(LookupError):
         self.ident = ident
 
 
-class InvalidState(Exception):
+class InvalidState(Refused):
     """The job is not in a state that allows the action (cancel a settled job, retry a live one)."""
+
+    code = "invalid_state"
 
     def __init__(self, job_id: str, state: JobState, action: str) -> None:
         # Values, not the row: the transaction that raised this rolls back and expires it.
@@ -37,8 +42,10 @@ class InvalidState(Exception):
         super().__init__(f"job {job_id} is {state.value}; cannot {action} it")
 
 
-class RetryLimit(Exception):
+class RetryLimit(Refused):
     """The prompt has had as many jobs as one prompt may (`max_jobs_per_prompt`)."""
+
+    code = "retry_limit"
 
     def __init__(self, job_id: str, prompt_id: str, limit: int) -> None:
         self.job_id = job_id
@@ -50,5 +57,14 @@ class RetryLimit(Exception):
         )
 
 
-class IdempotencyConflict(Exception):
+class IdempotencyConflict(Refused):
     """The same Idempotency-Key was used before with a different request body."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            "this Idempotency-Key was already used with a different request body; "
+            "use a new key for a new request"
+        )

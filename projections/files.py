@@ -14,6 +14,7 @@ from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.db import GroupCommit, WriteTx
+from projections.domain.errors import Refused
 from projections.errors import NotFound
 from projections.event_log import utcnow
 from projections.models import Base, FileChunk, StoredFile
@@ -33,14 +34,18 @@ def new_file_id() -> str:
     return f"file-{uuid.uuid4().hex}"
 
 
-class FileTooLarge(Exception):
+class FileTooLarge(Refused):
+    code = "file_too_large"
+
     def __init__(self, limit: int) -> None:
         super().__init__(f"the file is over {limit:,} bytes")
         self.limit = limit
 
 
-class OrgStorageFull(Exception):
+class OrgStorageFull(Refused):
     """The org's files would take more than its storage quota."""
+
+    code = "storage_quota_exceeded"
 
     def __init__(self, quota: int, used: int) -> None:
         super().__init__(f"the org's files take {used:,} of its {quota:,} bytes")

@@ -163,6 +163,7 @@ class BatchStore:
             tx.conn.execute(insert(LINES), edges)
             for line, prompt in zip(lines, prompts, strict=True):
                 submission = line.submission
+                assert submission.max_attempts is not None, "JobService fills in the default"
                 job = JobWrites.new_job(
                     tx,
                     prompt,

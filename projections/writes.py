@@ -36,7 +36,9 @@ from projections.scope import Scope, plausible, visible
 class Submission:
     text: str
     priority: int
-    max_attempts: int
+    # None: the deployment's default (PROMPTJOBS_MAX_ATTEMPTS_DEFAULT), which JobService
+    # fills in before the store sees it.
+    max_attempts: int | None
     options: dict[str, Any]
     scheduled_for: datetime | None = None
     idempotency_key: str | None = None
@@ -121,6 +123,7 @@ class JobWrites:
                         "parent_id": parent_id,
                     },
                 )
+            assert submission.max_attempts is not None, "JobService fills in the default"
             job = self.new_job(
                 tx, prompt, submission.priority, submission.max_attempts, submission.options, now
             )

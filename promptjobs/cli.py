@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 from activities.prices import InvalidPrices
 from projections.db import StoreUnavailable, database_error
+from projections.domain.errors import Refused
 from promptjobs import cli_batches, cli_budgets, cli_jobs, cli_orgs
 from promptjobs.console import CliError, iso, run
 from promptjobs.launch import (
@@ -321,7 +322,14 @@ def main() -> None:
     code = 0
     try:
         app()
-    except (CliError, LaunchError, InvalidPrices, FileNotFoundError, StoreUnavailable) as err:
+    except (
+        CliError,
+        Refused,
+        LaunchError,
+        InvalidPrices,
+        FileNotFoundError,
+        StoreUnavailable,
+    ) as err:
         typer.echo(f"error: {err}", err=True)
         code = 1
     except DBAPIError as err:

@@ -19,7 +19,7 @@ from activities.adapters.base import InvalidOptions
 from projections import operations
 from projections.budgets import BudgetStanding
 from projections.domain.lifecycle import EventType, JobState
-from projections.errors import InvalidState, NotFound, RetryLimit
+from projections.errors import NotFound
 from projections.event_log import utcnow
 from projections.models import AttemptRecord, Job, JobEvent, Prompt, Response, WorkerProcess
 from projections.scope import Scope
@@ -338,8 +338,6 @@ def _acting(work: Any, job_id: str) -> Job:
         raise CliError(f"no job {job_id}") from err
     except InvalidOptions as err:
         raise CliError(f"--options: {err}") from err
-    except (InvalidState, RetryLimit) as err:
-        raise CliError(str(err)) from err
     return job
 
 

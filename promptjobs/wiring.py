@@ -184,6 +184,7 @@ def build_job_service(
         dispatcher,
         adapters,
         max_attempts_default=settings.max_attempts_default,
+        max_prompt_bytes=settings.max_prompt_bytes,
         metrics_org_labels=settings.metrics_org_labels,
         max_jobs_per_prompt=settings.max_jobs_per_prompt,
     )

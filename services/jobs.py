@@ -1,9 +1,13 @@
-"""Job actions shared by the HTTP routes and the CLI: submit, cancel, retry."""
+"""Job actions shared by every door (the HTTP routes, the OpenAI routes, a `/v1/batches`
+line, the CLI): submit, cancel, retry. A submission's rules live here, once: its size, its
+options against the adapters, its provider budget and its chain placeholders; a door
+translates its wire shape into a `Submission` and nothing else."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from opentelemetry import trace
@@ -12,6 +16,8 @@ from activities.adapters.base import AdapterRegistry
 from activities.budgets import least_tokens
 from projections import metrics
 from projections.budgets import OverBudget, budget_name
+from projections.domain.chains import check_placeholders
+from projections.domain.errors import check_size
 from projections.models import Job
 from projections.scope import Scope
 from projections.store import JobStore
@@ -30,6 +36,7 @@ class JobService:
         adapters: AdapterRegistry,
         *,
         max_attempts_default: int,
+        max_prompt_bytes: int,
         metrics_org_labels: bool = False,
         max_jobs_per_prompt: int | None = None,
     ) -> None:
@@ -37,10 +44,25 @@ class JobService:
         self.dispatcher = dispatcher
         self.adapters = adapters
         self.max_attempts_default = max_attempts_default
+        self.max_prompt_bytes = max_prompt_bytes
         self.metrics_org_labels = metrics_org_labels
         self.max_jobs_per_prompt = max_jobs_per_prompt
         self._token_limits: dict[str, int] = {}
         self._budgets_read_at = -1e9
+
+    def check(self, submission: Submission) -> Submission:
+        """The submission as it will be recorded (the default attempts filled in), or the
+        Refused that says why it never could run: PromptTooLarge, InvalidOptions,
+        UnknownPlaceholder. The provider budget is `check_budget`'s (it reads the store)."""
+        system = submission.options.get("system")
+        check_size(
+            submission.text, system if isinstance(system, str) else None, self.max_prompt_bytes
+        )
+        self.validate_options(submission.options)
+        check_placeholders(submission.text, submission.after)
+        if submission.max_attempts is None:
+            submission = replace(submission, max_attempts=self.max_attempts_default)
+        return submission
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions now rather than fail the job minutes later."""
@@ -60,6 +82,10 @@ class JobService:
             raise OverBudget(name, needed, tpm)
 
     async def submit(self, scope: Scope, submission: Submission) -> Submitted:
+        """Check the submission (`check`, then its budget) and record the prompt and its
+        queued job: the commit is the acceptance; the dispatcher starts its workflow."""
+        submission = self.check(submission)
+        await self.check_budget(submission.text, submission.options)
         accepted = await self.store.submit(scope, submission)
         # On the request's span (a no-op span while tracing is off).
         trace.get_current_span().set_attributes(

@@ -9,6 +9,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from projections.domain.errors import Refused
 from projections.domain.lifecycle import AttemptResult
 
 M = TypeVar("M", bound=BaseModel)
@@ -121,8 +122,10 @@ class StreamedOutput:
         return self.text[offset:]
 
 
-class InvalidOptions(ValueError):
+class InvalidOptions(Refused, ValueError):
     """A job's options cannot run: an unknown provider, a bad field, a missing credential."""
+
+    code = "invalid_options"
 
 
 def parse_options(shape: type[M], value: object, where: str) -> M:

@@ -25,6 +25,7 @@ from api.openai.responses import (
     submission_of,
 )
 from projections.budgets import OverBudget
+from projections.domain.errors import PromptTooLarge
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.errors import InvalidState, NotFound
 from projections.event_log import utcnow
@@ -209,26 +210,18 @@ class BatchRunner:
         return Line(number, custom_id, self._submission(body, endpoint))
 
     def _submission(self, body: dict[str, Any], endpoint: str) -> Submission:
-        limits, attempts = self.max_prompt_bytes, self.jobs.max_attempts_default
         try:
             if endpoint == "/v1/chat/completions":
-                chat = ChatRequest.model_validate(body)
-                return chat.submission(
-                    self.jobs.adapters, max_prompt_bytes=limits, max_attempts_default=attempts
-                )
-            request = CreateResponse.model_validate(body)
-            if request.background or request.stream:
-                raise UnsupportedParameter(
-                    "background" if request.background else "stream",
-                    "a batch line is neither background nor streamed: leave it out",
-                )
-            return submission_of(
-                request,
-                self.jobs.adapters,
-                max_prompt_bytes=limits,
-                max_attempts_default=attempts,
-                in_batch=True,
-            )
+                submission = ChatRequest.model_validate(body).submission(self.jobs.adapters)
+            else:
+                request = CreateResponse.model_validate(body)
+                if request.background or request.stream:
+                    raise UnsupportedParameter(
+                        "background" if request.background else "stream",
+                        "a batch line is neither background nor streamed: leave it out",
+                    )
+                submission = submission_of(request, self.jobs.adapters, in_batch=True)
+            return self.jobs.check(submission)
         except ValidationError as err:
             first = err.errors()[0]
             param = param_of(("body", *first["loc"]))
@@ -237,6 +230,8 @@ class BatchRunner:
             raise LineError(err.code, err.message, err.param) from err
         except InvalidOptions as err:
             raise LineError("invalid_request", str(err), "promptjobs.options") from err
+        except PromptTooLarge as err:
+            raise LineError(err.code, err.worded("the input", "instructions"), "input") from err
 
     async def _accept(self, batch: Batch) -> None:
         try:

@@ -53,9 +53,7 @@ class ChatRequest(BaseModel):
     service_tier: StrictStr | None = None
     promptjobs: PromptjobsExtras = Field(default_factory=PromptjobsExtras)
 
-    def submission(
-        self, adapters: AdapterRegistry, *, max_prompt_bytes: int, max_attempts_default: int
-    ) -> Submission:
+    def submission(self, adapters: AdapterRegistry) -> Submission:
         """As the Responses request it amounts to (one user message, system text)."""
         for name, value in (self.model_extra or {}).items():
             if name not in IGNORED and value is not None:
@@ -84,14 +82,7 @@ class ChatRequest(BaseModel):
             service_tier=self.service_tier,
             promptjobs=self.promptjobs,
         )
-        submission = submission_of(
-            request,
-            adapters,
-            max_prompt_bytes=max_prompt_bytes,
-            max_attempts_default=max_attempts_default,
-            in_batch=True,
-        )
-        return submission
+        return submission_of(request, adapters, in_batch=True)
 
 
 def chat_completion(prompt: Prompt, job: Job, answer: Response) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from activities.adapters.base import AdapterRegistry, parse_options
 from activities.adapters.options import NO_NUL, PromptOptions
-from api.schemas import oversize
+from projections.domain.errors import Refused
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Prompt
 from projections.writes import Submission
@@ -36,57 +36,40 @@ IGNORED = frozenset(
 NO_TOOLS = {"tool_choice": ("none", "auto"), "parallel_tool_calls": (False, True)}
 
 
-class UnsupportedParameter(Exception):
+class UnsupportedParameter(Refused):
     """A parameter promptjobs cannot honour: a 400 naming it, never silently dropped (or
-    another refusal of one parameter, with its own code and status)."""
+    another refusal of one parameter, with its own code)."""
 
-    def __init__(
-        self, param: str, message: str, *, code: str = "unsupported_parameter", status: int = 400
-    ) -> None:
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, message: str, *, code: str = "unsupported_parameter") -> None:
         super().__init__(message)
         self.param = param
         self.message = message
         self.code = code
-        self.status = status
-
-
-def check_size(prompt: str, system: str | None, limit: int) -> None:
-    """The prompt and its system text go to the provider together: their UTF-8 bytes
-    against PROMPTJOBS_MAX_PROMPT_BYTES."""
-    size = oversize(prompt, system, limit)
-    if size is not None:
-        raise UnsupportedParameter(
-            "input",
-            f"the input and instructions are {size} bytes of UTF-8; the limit is {limit}: "
-            "send a shorter input",
-            code="prompt_too_large",
-            status=413,
-        )
 
 
 def submission_of(
     body: CreateResponse,
     adapters: AdapterRegistry,
     *,
-    max_prompt_bytes: int,
-    max_attempts_default: int,
     idempotency_key: str | None = None,
     in_batch: bool = False,
 ) -> Submission:
-    """The prompt a create (or a batch's line, `in_batch`) submits; raises
-    UnsupportedParameter or InvalidOptions for what cannot be run."""
+    """The prompt a create (or a batch's line, `in_batch`) submits, as the wire says it;
+    raises UnsupportedParameter or InvalidOptions for what OpenAI's shape cannot carry here.
+    The submission's own rules (size, options against the adapters, budget) are the job
+    service's (services/jobs.py)."""
     body.check_supported()
     text, system = body.prompt_and_system()
-    check_size(text, system, max_prompt_bytes)
     options = body.options(adapters, system)
     if body.deferrable(in_batch=in_batch):
         options["deferrable"] = True
     parse_options(PromptOptions, options, "promptjobs.options")
-    adapters.validate(options)
     return Submission(
         text=text,
         priority=body.promptjobs.priority,
-        max_attempts=body.promptjobs.max_attempts or max_attempts_default,
+        max_attempts=body.promptjobs.max_attempts,
         options=options,
         idempotency_key=idempotency_key,
         openai=body.kept(),

@@ -12,9 +12,9 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api.changes import StreamHold, StreamLimit, StreamScope, Subscription, frame
+from api.changes import StreamHold, StreamScope, Subscription, frame
 from api.deps import Services, ServicesDep, StreamCaller
-from api.problems import Problem, problem_responses
+from api.problems import problem_responses
 from api.routes.jobs import CURSOR_PATTERN
 from projections.domain.lifecycle import EventType
 
@@ -23,43 +23,25 @@ router = APIRouter(prefix="/v1/events", tags=["events"])
 BATCH = 200
 # Tells a browser's EventSource how soon to reconnect after a drop.
 RECONNECT_MS = 1000
-# A 429 for too many streams: try again after this long (another stream may have ended).
-STREAM_RETRY_AFTER_S = 5
 LIFETIME_JITTER = 0.1
 SEND_TIMEOUT_S = 60.0
 # How often an idle stream of one job asks whether the job is over without a job.done.
 OVER_CHECK_S = 5.0
 
 
-def too_many_streams(err: StreamLimit) -> Problem:
-    return Problem(
-        429,
-        "too_many_streams",
-        "Too many event streams",
-        err.detail,
-        headers={"Retry-After": str(STREAM_RETRY_AFTER_S)},
-    )
-
-
 async def subscribe(
     services: Services, scope: StreamScope, key_id: str, hold: StreamHold | None = None
 ) -> Subscription:
-    """A subscription to the live feed (in the place `hold` kept), or a 429 past the bound
-    on streams."""
-    try:
-        return await services.feed.subscribe(scope, key_id, hold)
-    except StreamLimit as err:
-        raise too_many_streams(err) from err
+    """A subscription to the live feed (in the place `hold` kept); past the bound on
+    streams, StreamLimit (a 429 with Retry-After)."""
+    return await services.feed.subscribe(scope, key_id, hold)
 
 
 @contextmanager
 def stream_place(services: Services, key_id: str) -> Iterator[StreamHold]:
-    """A stream's place, held while the request makes what it will stream (a 429 before
-    anything is made), and given back if the block leaves without subscribing."""
-    try:
-        hold = services.feed.hold(key_id)
-    except StreamLimit as err:
-        raise too_many_streams(err) from err
+    """A stream's place, held while the request makes what it will stream (StreamLimit, a
+    429, before anything is made), and given back if the block leaves without subscribing."""
+    hold = services.feed.hold(key_id)
     try:
         yield hold
     finally:

@@ -11,7 +11,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from api.deps import Caller, ServicesDep
 from api.openai.responses import UnsupportedParameter
 from api.problems import problem_responses
-from projections.files import FileTooLarge, OrgStorageFull
 from projections.models import StoredFile
 from projections.openai_batches import timestamp
 
@@ -49,30 +48,14 @@ async def upload_file(
         raise UnsupportedParameter(
             "purpose", f"purpose {purpose!r} is not supported: promptjobs takes `batch` files"
         )
-    try:
-        stored = await services.store.files.create(
-            caller,
-            purpose=purpose,
-            filename=(file.filename or "upload.jsonl")[:255],
-            source=file.file,
-            max_bytes=services.max_file_bytes,
-            org_quota=services.org_max_file_bytes,
-        )
-    except OrgStorageFull as err:
-        raise UnsupportedParameter(
-            "file",
-            f"your organisation's files take {err.used:,} of the {err.quota:,} bytes they may "
-            "(PROMPTJOBS_ORG_MAX_FILE_BYTES): delete files you no longer need",
-            code="storage_quota_exceeded",
-            status=413,
-        ) from err
-    except FileTooLarge as err:
-        raise UnsupportedParameter(
-            "file",
-            f"the file is over {err.limit:,} bytes (PROMPTJOBS_MAX_FILE_BYTES)",
-            code="file_too_large",
-            status=413,
-        ) from err
+    stored = await services.store.files.create(
+        caller,
+        purpose=purpose,
+        filename=(file.filename or "upload.jsonl")[:255],
+        source=file.file,
+        max_bytes=services.max_file_bytes,
+        org_quota=services.org_max_file_bytes,
+    )
     return JSONResponse(file_object(stored))
 
 

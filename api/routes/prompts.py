@@ -8,10 +8,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from api.deps import Caller, JsonBody, Services, ServicesDep
-from api.problems import Problem, problem_responses
-from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt, oversize
-from projections.domain.chains import UnknownPlaceholder, check_placeholders
+from api.deps import Caller, JsonBody, ServicesDep
+from api.problems import problem_responses
+from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.models import Prompt
 from projections.writes import Submission
 
@@ -53,24 +52,11 @@ async def submit_prompt(
         ),
     ] = None,
 ) -> Accepted:
-    check_prompt_size(services, body.prompt, body.options.system, "options.system")
-    options = body.options_as_sent()
-    services.jobs.validate_options(options)
-    await services.jobs.check_budget(body.prompt, options)
-    try:
-        check_placeholders(body.prompt, body.after)
-    except UnknownPlaceholder as err:
-        raise Problem(
-            422,
-            "unknown_placeholder",
-            "Unknown placeholder",
-            f"the prompt's {err.placeholder} cannot be filled: {err.reason}",
-        ) from err
     submission = Submission(
         text=body.prompt,
         priority=body.priority,
-        max_attempts=body.max_attempts or services.jobs.max_attempts_default,
-        options=options,
+        max_attempts=body.max_attempts,
+        options=body.options_as_sent(),
         scheduled_for=body.scheduled_for,
         idempotency_key=idempotency_key,
         parent_id=body.parent_id,
@@ -84,21 +70,6 @@ async def submit_prompt(
     return Accepted(
         prompt_id=accepted.prompt.prompt_id, job_id=accepted.job.job_id, state=accepted.job.state
     )
-
-
-def check_prompt_size(services: Services, prompt: str, system: str | None, named: str) -> None:
-    """The system text (`named` as the client calls it) goes to the provider with the prompt,
-    so it counts against the limit."""
-    size = oversize(prompt, system, services.max_prompt_bytes)
-    if size is not None:
-        counted = f"the prompt and {named} are" if system else "the prompt is"
-        raise Problem(
-            413,
-            "prompt_too_large",
-            "Prompt too large",
-            f"{counted} {size} bytes of UTF-8; the limit is {services.max_prompt_bytes}: "
-            "send a shorter prompt",
-        )
 
 
 # A page of prompts carries at most about this much prompt text and options (one prompt

@@ -76,14 +76,7 @@ async def create_response(
     as they happen; with `background`, answers at once (`queued`); else once the job has
     settled. The job runs durably either way: a client that leaves does not cancel it."""
     caller = keyed.scope
-    submission = submission_of(
-        body,
-        services.jobs.adapters,
-        max_prompt_bytes=services.max_prompt_bytes,
-        max_attempts_default=services.jobs.max_attempts_default,
-        idempotency_key=idempotency_key,
-    )
-    await services.jobs.check_budget(submission.text, submission.options)
+    submission = submission_of(body, services.jobs.adapters, idempotency_key=idempotency_key)
     if body.stream:
         # The stream's place first: refused at the limit, nothing is made (the SDK retries a
         # 429 without an Idempotency-Key, and each retry would make another job).

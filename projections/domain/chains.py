@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from projections.domain.errors import Refused
+
 # At most this many parents per prompt: a fan-in wider than this is a batch, not a chain.
 MAX_PARENTS = 16
 
@@ -14,8 +16,10 @@ _PLACEHOLDER = re.compile(r"\{\{\s*after(?:\[(\d+)\]|\.([A-Za-z0-9_\-]+))\s*\}\}
 _LOOKS_LIKE = re.compile(r"\{\{\s*after\b[^}]*\}\}")
 
 
-class UnknownPlaceholder(Exception):
+class UnknownPlaceholder(Refused):
     """The prompt names a parent that is not in its `after` (or a malformed placeholder)."""
+
+    code = "unknown_placeholder"
 
     def __init__(self, placeholder: str, reason: str) -> None:
         super().__init__(f"{placeholder}: {reason}")
