@@ -9,13 +9,13 @@ from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.changes import ChangeFeed
-from api.openai.batches import BatchRunner
 from api.problems import Problem
 from projections.keys import KeyCache, key_id_of
 from projections.metrics import QueueDepth
 from projections.scope import Scope
 from projections.store import JobStore
 from services.jobs import JobService
+from services.openai_batches import BatchRunner
 
 
 @dataclass

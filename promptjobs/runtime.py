@@ -27,7 +27,7 @@ from activities.provider_batches import BatchActivities
 from activities.retention import RetentionActivities
 from api.app import create_app
 from api.deps import Services
-from api.openai.batches import BatchRunner
+from api.openai.batches import OpenAIBatchLines
 from projections.keys import KeyCache
 from projections.metrics import QueueDepth
 from promptjobs.settings import Settings
@@ -42,6 +42,7 @@ from promptjobs.wiring import (
 )
 from services.batching import BatchGatherer
 from services.dispatch import Dispatcher
+from services.openai_batches import BatchRunner
 from workflows.prompt_job import PromptJobWorkflow
 from workflows.provider_batch import ProviderBatchWorkflow
 from workflows.retention import RetentionWorkflow
@@ -127,7 +128,7 @@ def build_app(
             batches=BatchRunner(
                 projection.store,
                 jobs,
-                max_prompt_bytes=settings.max_prompt_bytes,
+                OpenAIBatchLines(jobs, max_prompt_bytes=settings.max_prompt_bytes),
                 max_lines=settings.batch_max_lines,
             ),
             max_prompt_bytes=settings.max_prompt_bytes,

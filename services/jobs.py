@@ -5,6 +5,7 @@ translates its wire shape into a `Submission` and nothing else."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -18,11 +19,14 @@ from projections import metrics
 from projections.budgets import OverBudget, budget_name
 from projections.domain.chains import check_placeholders
 from projections.domain.errors import check_size
-from projections.models import Job
+from projections.models import Batch, Job
+from projections.openai_batches import Line
 from projections.scope import Scope
 from projections.store import JobStore
 from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
+
+log = logging.getLogger("promptjobs.batches")
 
 # How stale the budgets' token limits a submission is checked against may be.
 BUDGETS_READ_S = 5.0
@@ -101,6 +105,19 @@ class JobService:
             metrics.SUBMISSIONS.labels(org=org).inc()
             self.dispatcher.kick(accepted.job)
         return accepted
+
+    async def submit_lines(self, batch: Batch, first: int, lines: list[Line]) -> bool:
+        """Record a `/v1/batches` batch's lines from `first` on, each as a prompt and its
+        queued job, in one transaction (their submissions passed `check` as they were read);
+        False if another process accepted them first. A line over its provider budget was
+        refused when the batch was validated; one over it now (a budget set meanwhile) is
+        logged and accepted: the batch's lines are accepted whole."""
+        for line in lines:
+            try:
+                await self.check_budget(line.submission.text, line.submission.options)
+            except OverBudget as err:
+                log.warning("batch %s line %d: %s", batch.batch_id, line.line, err)
+        return await self.store.batches.accept(batch, first, lines)
 
     async def cancel(self, scope: Scope, job_id: str, *, wait: bool = False) -> Job:
         """Record the cancel and hand it to Temporal. `wait` delivers it before returning
