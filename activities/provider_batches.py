@@ -26,7 +26,7 @@ from activities.adapters.batch import (
     batch_api_of,
 )
 from activities.attempt import adapter_request
-from activities.budgets import estimate_tokens
+from activities.batch_line import LOST, BatchLine, settled_verdict, via_batch
 from activities.contracts import (
     ATTEMPT_REPORTED,
     BATCH_DONE,
@@ -39,13 +39,11 @@ from activities.contracts import (
 )
 from activities.deferral import DIRECTLY
 from activities.errors import AdapterError
-from activities.job_activities import wake
 from activities.outages import through_outages
 from activities.prices import PriceTable
 from activities.settle import Settling
 from projections.domain.lifecycle import (
     BackoffPolicy,
-    End,
     ErrorKind,
     JobState,
 )
@@ -53,10 +51,7 @@ from projections.errors import database_unavailable
 from projections.models import Job, ProviderBatch
 from projections.provider_batches import Member
 from projections.store import JobStore
-from projections.streams import AttemptUsage, OutputBatch
 
-# The provider status of a batch the provider no longer answers for (HTTP 404 and the like).
-LOST = "lost"
 # The jobs of a batch read with their prompts at once, while it is sent: memory stays in
 # proportion to a page, not to the batch.
 PAGE = 500
@@ -82,11 +77,6 @@ def request_bytes(request: AdapterRequest) -> int:
     """About what one line of a batch takes: its text, its system text and the rest."""
     system = str(request.options.get("system") or "")
     return len(request.prompt.encode()) + len(system.encode()) + 512
-
-
-def via_batch(batch: ProviderBatch) -> str:
-    """What a job's attempt record says of the batch it ran in."""
-    return f"provider batch {batch.batch_id} ({batch.provider} {batch.provider_batch_id})"
 
 
 class BatchActivities:
@@ -376,6 +366,7 @@ class BatchActivities:
         if member.deferred.verdict is not None:
             return verdict_of(member.deferred.verdict)
         job = member.job
+        settled = BatchLine(batch, member, line, self.settling, self.prices, self.store)
         if job.state is JobState.QUEUED and member.deferred.attempt == job.attempt:
             # Re-queued by an earlier run of this settling, which ended before it kept its
             # verdict: the job runs directly (its attempt charged, as most lines' are).
@@ -386,130 +377,19 @@ class BatchActivities:
             if line.result is not None or line.error is not None:
                 # The tokens were spent all the same: record them (the row stays as it is).
                 attempt = member.deferred.attempt or job.attempt + 1
-                await self.settling.usage(await self._usage(batch, member, attempt, line))
+                await self.settling.usage(await settled.usage(attempt))
         elif line.result is None and line.error is None:
-            verdict = await self._not_run(batch, member)
+            verdict = await settled.not_run()
         else:
             attempt = (
                 job.attempt if job.state is JobState.RUNNING else await self._start(batch, job)
             )
             if line.result is not None:
-                verdict = await self._succeeded(batch, member, attempt, line)
+                verdict = await settled.succeeded(attempt)
             else:
-                verdict = await self._failed(batch, member, attempt, line)
+                verdict = await settled.failed(attempt)
         await self.batches.record(job.job_id, verdict=asdict(verdict))
         return verdict
-
-    async def _usage(
-        self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
-    ) -> AttemptUsage:
-        result, now = line.result, datetime.now(UTC)
-        began = batch.sent_at or now
-        input_tokens = result.input_tokens if result else None
-        output_tokens = result.output_tokens if result else None
-        estimated = result is not None and (input_tokens is None or output_tokens is None)
-        if result is not None and input_tokens is None:
-            # Read only here: settling does not hold a batch's prompts.
-            _job, prompt = await self.store.job_and_prompt(member.job.job_id)
-            input_tokens = estimate_tokens(prompt.text)
-        if result is not None and output_tokens is None:
-            output_tokens = estimate_tokens(result.text)
-        model = result.model if result else batch.model
-        error = line.error
-        return AttemptUsage(
-            job_id=member.job.job_id,
-            attempt=attempt,
-            org=member.job.org,
-            outcome=JobState.SUCCEEDED.value
-            if result
-            else (error.kind.value if error else "unrun"),
-            provider=batch.provider[:32],
-            model=model[:128],
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            usage_estimated=estimated,
-            cost_usd=self.prices.cost(model, input_tokens, output_tokens, batch=True)
-            if result
-            else None,
-            output_chars=len(result.text) if result else 0,
-            first_token_ms=None,
-            duration_ms=round((now - began).total_seconds() * 1000),
-            started_at=began,
-            ended_at=now,
-            via=via_batch(batch)[:255],
-        )
-
-    async def _succeeded(
-        self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
-    ) -> BatchVerdict:
-        assert line.result is not None
-        job_id = member.job.job_id
-        usage = await self._usage(batch, member, attempt, line)
-        result = replace(
-            line.result,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            usage_estimated=usage.usage_estimated,
-            cost_usd=usage.cost_usd,
-            latency_ms=usage.duration_ms,
-        )
-        applied = await self.settling.succeed(
-            job_id, attempt, result, tail=OutputBatch(job_id, attempt, 0, result.text), usage=usage
-        )
-        if applied.state is JobState.SUCCEEDED:
-            await wake(applied.waiting_children)
-        job = await self._row(job_id)
-        return settled_verdict(job)
-
-    async def _failed(
-        self, batch: ProviderBatch, member: Member, attempt: int, line: LineResult
-    ) -> BatchVerdict:
-        """A line's error, as a direct call's: a 429 costs no attempt and the job runs
-        directly at once; a retryable kind runs directly after the backoff's delay; the
-        rest (or attempts spent) fail the job."""
-        err = line.error
-        assert err is not None
-        job = member.job
-        usage = await self._usage(batch, member, attempt, line)
-        message = f"{err.message} (in {via_batch(batch)})"
-        via = f"{DIRECTLY}: its line in {via_batch(batch)} failed ({err.kind.value})"
-        if err.kind is ErrorKind.RATE_LIMIT:
-            delay, spared = err.retry_after_s or 0.0, 1
-        else:
-            step = self.settling.next_step(
-                err.kind, message, attempt, job.max_attempts, retry_after_s=err.retry_after_s
-            )
-            if isinstance(step, End):
-                await self.settling.fail(job.job_id, step.kind, step.message, usage=usage)
-                return settled_verdict(await self._row(job.job_id))
-            delay, spared = step.delay_s, 0
-        await self.settling.requeue(
-            job.job_id, attempt, err.kind, message, delay_s=delay, usage=usage
-        )
-        return BatchVerdict(False, JobState.QUEUED, attempt, spared, delay, via)
-
-    async def _not_run(self, batch: ProviderBatch, member: Member) -> BatchVerdict:
-        """The provider ended the batch without running the line (expired, cancelled): the
-        job runs directly now, and the batch's attempt, if it began one, is not charged."""
-        job = member.job
-        ended = "was lost at the provider" if batch.provider_status == LOST else "ended"
-        why = f"{via_batch(batch)} {ended} without running it"
-        if batch.provider_status not in (None, LOST):
-            why = f"{via_batch(batch)} ended {batch.provider_status} without running it"
-        if job.state is not JobState.RUNNING:
-            return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {why}")
-        usage = replace(
-            await self._usage(batch, member, job.attempt, LineResult(job.job_id)),
-            outcome=ErrorKind.TIMEOUT.value,
-        )
-        await self.settling.requeue(
-            job.job_id, job.attempt, ErrorKind.TIMEOUT, why, usage=usage, counted=False
-        )
-        return BatchVerdict(False, JobState.QUEUED, job.attempt, 1, via=f"{DIRECTLY}: {why}")
-
-    async def _row(self, job_id: str) -> Job:
-        job, _prompt = await through_outages("load job", lambda: self.store.job_and_prompt(job_id))
-        return job
 
     async def _tell(self, member: Member, verdict: BatchVerdict) -> None:
         await self._signal(member.job.job_id, BATCH_DONE, verdict)
@@ -521,17 +401,6 @@ class BatchActivities:
         except RPCError as err:
             if err.status is not RPCStatusCode.NOT_FOUND:
                 raise
-
-
-def settled_verdict(job: Job) -> BatchVerdict:
-    return BatchVerdict(
-        True,
-        job.state,
-        job.attempt,
-        response_id=job.response_id,
-        error_kind=job.error_kind,
-        error_message=job.error_message,
-    )
 
 
 def verdict_of(kept: dict[str, Any]) -> BatchVerdict:
