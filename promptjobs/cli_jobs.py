@@ -50,9 +50,9 @@ from promptjobs.wiring import (
     disagreement_with_dev,
     open_projection,
 )
-from services.dispatch import TemporalUnreachable
 from services.fleet import task_queue_pollers
 from services.jobs import JobService
+from services.passes import TemporalUnreachable
 
 jobs_app = typer.Typer(
     rich_markup_mode=None,

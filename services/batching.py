@@ -19,7 +19,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from projections.models import ProviderBatch
 from projections.store import JobStore
-from services.dispatch import ThrottledLog, first_line
+from services.passes import ThrottledLog, first_line
 from workflows.contracts import ProviderBatchInput
 from workflows.provider_batch import ProviderBatchWorkflow
 

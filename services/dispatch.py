@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
 
 from temporalio.client import Client
 from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -28,14 +26,19 @@ from projections.models import Job
 from projections.projector import Transition
 from projections.store import JobStore
 from services.gone import unless_gone
+from services.passes import (
+    Passes,
+    TemporalUnreachable,
+    ThrottledLog,
+    first_line,
+    is_unreachable,
+)
 from services.reconcile import Reconciler
 from services.wake import Waker
 from workflows.contracts import PromptJobInput
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 
 log = logging.getLogger("promptjobs.dispatch")
-
-T = TypeVar("T")
 
 
 # Temporal's matcher tells apart only `matching.priorityLevels` keys (default 5); the dev
@@ -69,45 +72,6 @@ def deferrable(job: Job) -> bool:
     return bool((job.options or {}).get("deferrable"))
 
 
-class TemporalUnreachable(Exception):
-    """Temporal did not take a start or cancel just now; the row keeps it, so the API's
-    dispatcher delivers it once Temporal is back."""
-
-
-def is_unreachable(err: BaseException) -> bool:
-    """Temporal as a whole did not answer (as opposed to refusing one job's request)."""
-    if isinstance(err, TemporalUnreachable):
-        return True
-    if isinstance(err, RPCError):
-        return err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
-    return isinstance(err, RuntimeError)  # a lazy client's failed connect
-
-
-def first_line(err: BaseException) -> str:
-    return ((str(err) or repr(err)).splitlines() or [repr(err)])[0][:300]
-
-
-class ThrottledLog:
-    """Logs a recurring failure with its real cause, at most once per `interval_s` for each
-    kind of failure, saying how many of the same kind it held back since."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 60.0) -> None:
-        self.logger = logger
-        self.interval_s = interval_s
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def warning(self, kind: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        last = self._last.get(kind)
-        if last is not None and now - last[0] < self.interval_s:
-            self._last[kind] = (last[0], last[1] + 1)
-            return
-        if last is not None and last[1]:
-            message, args = message + " (and %d more like it since)", (*args, last[1])
-        self.logger.warning(message, *args)
-        self._last[kind] = (now, 0)
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -137,15 +101,24 @@ class Dispatcher:
         self.reconcile_interval_s = reconcile_interval_s
         self.page_size = page_size
         self._background: set[asyncio.Task[None]] = set()
-        self.failures = ThrottledLog(log)
-        # Its other jobs, each in a module of its own; its loop runs them.
-        self.reconciler = Reconciler(self, grace_s=reconcile_grace_s)
+        self.passes = Passes(page_size, ThrottledLog(log))
+        # Its other jobs, each in a module of its own, handed what they need; its loop runs
+        # them.
         self.waker = Waker(
             store,
             client,
             org_max_running,
             task_queue=task_queue,
             worker_heartbeat_s=worker_heartbeat_s,
+        )
+        self.reconciler = Reconciler(
+            store,
+            client,
+            self.passes,
+            start=self.start,
+            ceiling_of=self.ceiling_of,
+            wake_ready_children=self.waker.wake_ready_children,
+            grace_s=reconcile_grace_s,
         )
 
     # -- the request path hands work over without waiting --------------------------------
@@ -181,20 +154,7 @@ class Dispatcher:
         try:
             await work
         except Exception as err:  # the scan retries it; the row keeps the request
-            self._failed(action, job_id, err)
-
-    def _failed(self, action: str, job_id: str, err: Exception) -> None:
-        if is_unreachable(err):
-            self._unreachable(err)
-        else:
-            self.failures.warning(
-                action, "could not %s job %s, will retry: %s", action, job_id, first_line(err)
-            )
-
-    def _unreachable(self, err: BaseException) -> None:
-        self.failures.warning(
-            "unreachable", "Temporal unreachable, will retry: %s", first_line(err)
-        )
+            self.passes.failed(action, job_id, err)
 
     # -- the Temporal side -------------------------------------------------------------
 
@@ -289,41 +249,21 @@ class Dispatcher:
             await scan()
         except Exception as err:
             if is_unreachable(err):
-                self._unreachable(err)
+                self.passes.unreachable(err)
             else:
-                self.failures.warning(name, "%s pass failed, will retry: %r", name, err)
-
-    async def each(self, fetch: Callable[[Job | None], Awaitable[list[Job]]]) -> AsyncIterator[Job]:
-        """Every row `fetch` pages through, page after page (keyset: no row is skipped)."""
-        after: Job | None = None
-        while True:
-            page = await fetch(after)
-            for job in page:
-                yield job
-            if len(page) < self.page_size:
-                return
-            after = page[-1]
-
-    async def isolated(self, action: str, job: Job, work: Awaitable[T]) -> T | None:
-        """Run `work` for one job. Temporal being unreachable ends the pass (every other job
-        would wait for the same timeout); anything else is this job's, logged and skipped."""
-        try:
-            return await work
-        except Exception as err:
-            if is_unreachable(err):
-                raise
-            self._failed(action, job.job_id, err)
-            return None
+                self.passes.failures.warning(name, "%s pass failed, will retry: %r", name, err)
 
     async def scan_once(self) -> int:
         started = 0
-        undispatched = self.each(lambda after: self.store.undispatched(self.page_size, after))
+        undispatched = self.passes.each(
+            lambda after: self.store.undispatched(self.page_size, after)
+        )
         async for job in undispatched:
-            if await self.isolated("start", job, self._started(job)):
+            if await self.passes.isolated("start", job, self._started(job)):
                 started += 1
-        cancels = self.each(lambda after: self.store.pending_cancels(self.page_size, after))
+        cancels = self.passes.each(lambda after: self.store.pending_cancels(self.page_size, after))
         async for job in cancels:
-            await self.isolated("cancel", job, self.deliver_cancel(job.job_id))
+            await self.passes.isolated("cancel", job, self.deliver_cancel(job.job_id))
         return started
 
     async def _started(self, job: Job) -> bool:

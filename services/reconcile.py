@@ -8,19 +8,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Job
 from projections.projector import Transition
+from projections.store import JobStore
 from services.gone import GONE, unless_gone
+from services.passes import Passes
 from workflows.contracts import PromptJobResult
 from workflows.results import job_result
-
-if TYPE_CHECKING:
-    from services.dispatch import Dispatcher
 
 log = logging.getLogger("promptjobs.dispatch")
 
@@ -28,28 +26,43 @@ Describe = Callable[[str], Awaitable[WorkflowExecutionStatus | None]]
 
 
 class Reconciler:
-    def __init__(self, dispatcher: Dispatcher, grace_s: float = 60.0) -> None:
-        # The dispatcher starts a workflow that is gone, and pages through rows as it does.
-        self.dispatcher = dispatcher
+    """Handed by the dispatcher what it needs: how to start a job's workflow again (`start`),
+    a job's hard ceiling (`ceiling_of`), the waking of chain children, and its passes."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        client: Client,
+        passes: Passes,
+        *,
+        start: Callable[[Job], Awaitable[None]],
+        ceiling_of: Callable[[Job], float],
+        wake_ready_children: Callable[[], Awaitable[int]],
+        grace_s: float = 60.0,
+    ) -> None:
+        self.store = store
+        self.client = client
+        self.passes = passes
+        self.start = start
+        self.ceiling_of = ceiling_of
+        self.wake_ready_children = wake_ready_children
         self.grace_s = grace_s
 
     async def reconcile_once(self) -> int:
         """Repair jobs whose row says queued/running but whose workflow says otherwise."""
-        dispatcher = self.dispatcher
         before = datetime.now(UTC) - timedelta(seconds=self.grace_s)
         repaired = 0
-        unsettled = dispatcher.each(
-            lambda after: dispatcher.store.unsettled_before(before, dispatcher.page_size, after)
-        )
+        size = self.passes.page_size
+        unsettled = self.passes.each(lambda after: self.store.unsettled_before(before, size, after))
         async for job in unsettled:
-            if await dispatcher.isolated("reconcile", job, self.reconcile(job, self.describe)):
+            if await self.passes.isolated("reconcile", job, self.reconcile(job, self.describe)):
                 repaired += 1
-        await dispatcher.waker.wake_ready_children()
+        await self.wake_ready_children()
         return repaired
 
     async def describe(self, job_id: str) -> WorkflowExecutionStatus | None:
         """The job's workflow's status; None if it is gone."""
-        described = await unless_gone(self.dispatcher.client.get_workflow_handle(job_id).describe())
+        described = await unless_gone(self.client.get_workflow_handle(job_id).describe())
         return None if described is GONE else described.status
 
     async def reconcile(self, job: Job, describe: Describe) -> bool:
@@ -60,7 +73,7 @@ class Reconciler:
             # The workflow is gone (lost dev server, retention): start it again. The row stays
             # marked dispatched, so if this start fails the next pass tries again.
             log.warning("job %s has no workflow; restarting it", job.job_id)
-            await self.dispatcher.start(job)
+            await self.start(job)
             return True
         if status is WorkflowExecutionStatus.RUNNING:
             return False
@@ -68,7 +81,7 @@ class Reconciler:
         # just before that commit (the projector then ignores what follows: terminal rows are
         # absorbing) or its workflow closed without its last projection landing.
         transition = await self._settlement(job, status)
-        applied = (await self.dispatcher.store.projector.apply(transition)).applied
+        applied = (await self.store.projector.apply(transition)).applied
         if applied:
             log.warning("job %s: workflow is %s; settled the row", job.job_id, status.name)
         return applied
@@ -106,7 +119,7 @@ class Reconciler:
     async def _reported(self, job_id: str) -> PromptJobResult | None:
         """What the closed workflow says of its job; None if it failed for a reason not ours."""
         try:
-            return await job_result(self.dispatcher.client.get_workflow_handle(job_id))
+            return await job_result(self.client.get_workflow_handle(job_id))
         except WorkflowFailureError:
             return None
 
@@ -116,25 +129,25 @@ class Reconciler:
         # From when Temporal had it (a start delayed by an outage does not age the job) or
         # its scheduled time, whichever is later.
         start = max(job.dispatched_at or job.created_at, job.scheduled_for or job.created_at)
-        limit = timedelta(seconds=self.dispatcher.ceiling_of(job) + self.grace_s)
+        limit = timedelta(seconds=self.ceiling_of(job) + self.grace_s)
         return datetime.now(UTC) > start + limit
 
     async def _end_stuck(self, job: Job) -> bool:
         """Settle the row `stuck`, then terminate its workflow, which no worker runs: left
         open, it would show Running in the Web UI while the job has ended."""
         message = (
-            f"the job passed its hard ceiling ({self.dispatcher.ceiling_of(job):g} s) while "
+            f"the job passed its hard ceiling ({self.ceiling_of(job):g} s) while "
             f"{job.state.value} "
             "with no worker to end it"
         )
-        settled = await self.dispatcher.store.projector.apply(
+        settled = await self.store.projector.apply(
             Transition(
                 job.job_id, JobState.FAILED, error_kind=ErrorKind.STUCK, error_message=message
             )
         )
         if settled.state is not JobState.FAILED:
             return settled.applied
-        handle = self.dispatcher.client.get_workflow_handle(job.job_id)
+        handle = self.client.get_workflow_handle(job.job_id)
         await unless_gone(handle.terminate(f"{ErrorKind.STUCK.value}: {settled.error_message}"))
         log.warning("job %s: %s", job.job_id, message)
         return settled.applied

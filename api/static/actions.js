@@ -1,9 +1,8 @@
 // What a card's buttons do: cancel, retry, and "Retry with…" other options.
 import { api } from "./api.js";
-import { el, render } from "./cards.js";
 import { schedulePoll } from "./follow.js";
 import { fetchPrompt, latestJob, onJob } from "./jobs.js";
-import { state } from "./state.js";
+import { el, state, view } from "./state.js";
 
 // "Retry with…": the new job's options, priority and max_attempts, prefilled with the current
 // job's; the API validates them as it validates a submission and its problem shows here.
@@ -120,6 +119,6 @@ export async function act(entry, action, body) {
     fetchPrompt(entry.prompt.prompt_id);
   } finally {
     entry.busy = false;
-    render(entry);
+    view.render(entry);
   }
 }

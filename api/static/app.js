@@ -8,13 +8,17 @@
 //   actions.js  a card's Cancel, Retry and "Retry with…"
 //   compose.js  the compose box
 //   follow.js   SSE, and polling while SSE is unavailable
-// Some of them import each other (a job row renders a card; a card's button merges the
-// answer): that is safe because no module calls another until init() below runs.
+// Imports run one way (a test checks): jobs.js and actions.js show a change through
+// state.js's `view`, which this module points at cards.js's renderers.
 import { ApiError, api, storedKey, storeKey, takeKeyFromUrl } from "./api.js";
+import { render, renderOutput } from "./cards.js";
 import { initCompose } from "./compose.js";
 import { follow, setMode } from "./follow.js";
 import { upsertPrompt } from "./jobs.js";
-import { $, notice, state } from "./state.js";
+import { $, notice, state, view } from "./state.js";
+
+view.render = render;
+view.renderOutput = renderOutput;
 
 const PAGE_SIZE = 50;
 

@@ -2,14 +2,7 @@
 // (a card's History, a "Retry with…" form being filled in) survives every update.
 import { act, buildRetryForm, openRetryForm } from "./actions.js";
 import { fetchOutput, fetchResponse, IN_FLIGHT, latestJob, mayHaveOutput, RETRYABLE, stamp } from "./jobs.js";
-import { $, state } from "./state.js";
-
-export function el(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
+import { $, el, state } from "./state.js";
 
 function buildCard(entry) {
   const li = el("li", "prompt");

@@ -1,8 +1,7 @@
 // The prompts and jobs the page knows: how rows are ordered and merged, whichever source
 // (a page of prompts, an SSE event, a poll, an action's answer) they come from.
 import { api } from "./api.js";
-import { render, renderOutput } from "./cards.js";
-import { notice, state } from "./state.js";
+import { notice, state, view } from "./state.js";
 
 export const IN_FLIGHT = new Set(["queued", "running"]);
 // As the API allows: a settled job that has not been replaced yet.
@@ -80,7 +79,7 @@ export function upsertPrompt(prompt) {
   }
   entry.prompt = prompt;
   for (const job of prompt.jobs || []) mergeJob(entry, job);
-  render(entry);
+  view.render(entry);
 }
 
 export function onJob(job) {
@@ -92,7 +91,7 @@ export function onJob(job) {
   }
   mergeJob(entry, job);
   if (job.superseded_by && !entry.jobs.has(job.superseded_by)) fetchPrompt(job.prompt_id);
-  render(entry);
+  view.render(entry);
 }
 
 export async function fetchPrompt(promptId) {
@@ -117,11 +116,11 @@ export async function fetchResponse(entry, responseId) {
     const response = await api("GET", `/v1/responses/${encodeURIComponent(responseId)}`);
     if (generation !== state.generation) return;
     state.responses.set(responseId, response.text);
-    render(entry);
+    view.render(entry);
   } catch (err) {
     if (generation !== state.generation) return;
     entry.note = `Could not load the response: ${err.message}`;
-    render(entry);
+    view.render(entry);
   } finally {
     state.fetching.delete(responseId);
   }
@@ -178,13 +177,13 @@ function takeOutput(jobId, piece) {
 // change is loading the prompt, and showing the card reads the text so far.
 export function onOutput(chunk) {
   const entry = entryOf(chunk.job_id);
-  if (entry && takeOutput(chunk.job_id, chunk)) renderOutput(entry);
+  if (entry && takeOutput(chunk.job_id, chunk)) view.renderOutput(entry);
 }
 
 // A job.output_reset event: a new attempt, whose text follows from offset 0.
 export function onOutputReset(reset) {
   const entry = entryOf(reset.job_id);
-  if (entry && startAttempt(outputOf(reset.job_id), reset.attempt)) renderOutput(entry);
+  if (entry && startAttempt(outputOf(reset.job_id), reset.attempt)) view.renderOutput(entry);
 }
 
 // Whether the job's text may still change: it runs, or it has just ended and its last text
@@ -216,7 +215,7 @@ export async function fetchOutput(jobId) {
     takeOutput(jobId, read);
     if (read.attempt === output.attempt) output.done = read.done;
     const entry = entryOf(jobId);
-    if (entry) renderOutput(entry);
+    if (entry) view.renderOutput(entry);
   } catch (err) {
     if (generation !== state.generation) return;
     notice(`Could not load the text of ${jobId}: ${err.message}`);

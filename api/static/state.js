@@ -1,4 +1,5 @@
-// What the page knows, shared by every module, and the two DOM helpers they all use.
+// What the page knows, shared by every module, the DOM helpers they all use, and the view:
+// how a change is shown.
 
 export const state = {
   key: null,
@@ -18,7 +19,22 @@ export const state = {
   generation: 0,
 };
 
+// How a change is shown: app.js sets these to cards.js's renderers, so the modules that
+// merge what the API sends (jobs.js, actions.js) call them without importing the cards,
+// which import them. Imports run one way.
+export const view = {
+  render: (_entry) => {},
+  renderOutput: (_entry) => {},
+};
+
 export const $ = (id) => document.getElementById(id);
+
+export function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
 
 export function notice(message) {
   const node = $("notice");

@@ -78,3 +78,68 @@ def test_the_pure_domain_imports_no_storage_and_nothing_else_of_ours() -> None:
         assert third_party == set(), (path.name, third_party)
         text = path.read_text()
         assert "from projections." not in text.replace("from projections.domain", ""), path.name
+
+
+def module_imports(path: Path) -> set[str]:
+    """Our modules `path` imports (at any place in it, under TYPE_CHECKING too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Within the layers too, imports run one way: a circle (even a type-only one) is two
+    modules that want to be one, or a part that wants to be handed what it uses."""
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for layer in LAYERS
+        for path in (ROOT / layer).rglob("*.py")
+    }
+    graph = {
+        name: {other for other in module_imports(path) if other in modules and other != name}
+        for name, path in modules.items()
+    }
+    circles: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            circles.append(trail[trail.index(name) :] + [name])
+            return
+        if name in done:
+            return
+        for other in sorted(graph[name]):
+            visit(other, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert circles == [], [" → ".join(circle) for circle in circles]
+
+
+def test_the_pages_scripts_import_in_one_direction() -> None:
+    """api/static/*.js modules: no two import each other, however far round."""
+    import re
+
+    static = ROOT / "api" / "static"
+    graph = {
+        path.name: set(re.findall(r"""from\s+["']\./([\w-]+\.js)["']""", path.read_text()))
+        for path in static.glob("*.js")
+    }
+    circles = []
+    for start in graph:
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            name, trail = stack.pop()
+            for other in graph.get(name, ()):
+                if other == start:
+                    circles.append(" → ".join([*trail, other]))
+                elif other not in seen:
+                    seen.add(other)
+                    stack.append((other, [*trail, other]))
+    assert circles == [], circles
