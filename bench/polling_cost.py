@@ -12,7 +12,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, insert
 
 from bench.harness import Report, ms, percentile, pg_database, scratch, service
-from projections.db import migrate, sync_url
+from projections.engines import sync_url
+from projections.migrate import migrate
 from projections.models import Job, Prompt
 
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000

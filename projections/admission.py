@@ -33,9 +33,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import Prepared, WriteTx, transaction
 from projections.domain.lifecycle import UNSETTLED, JobState
+from projections.engines import transaction
+from projections.group_commit import WriteTx
 from projections.models import ApiKey, Base, Job, OrgLimit
+from projections.prepared import Prepared
 
 JOBS = Base.metadata.tables[Job.__tablename__]
 LIMITS = Base.metadata.tables[OrgLimit.__tablename__]

@@ -40,11 +40,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import GroupCommit, WriteTx
 from projections.domain import budgets as rules
 from projections.domain.budgets import Limits
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import JobState
+from projections.group_commit import GroupCommit, WriteTx
 from projections.models import Base, BudgetDraw, BudgetWaiter, Job, OrgLimit, ProviderBudget
 
 JOBS = Base.metadata.tables[Job.__tablename__]

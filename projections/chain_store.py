@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import transaction
 from projections.domain.lifecycle import JobState
+from projections.engines import transaction
 from projections.models import Job, PromptParent, Response
 
 # How many waiting jobs the dispatcher's safety net looks at per pass.

@@ -10,10 +10,11 @@ from typing import Any, Protocol
 from sqlalchemy import insert
 
 from projections import metrics
-from projections.db import Prepared, WriteTx
 from projections.domain.lifecycle import EventType, JobState
+from projections.group_commit import WriteTx
 from projections.metrics import transition_labels
 from projections.models import Base, Job, JobEvent
+from projections.prepared import Prepared
 from projections.rows import job_row
 
 EVENTS = Base.metadata.tables[JobEvent.__tablename__]

@@ -13,10 +13,10 @@ from typing import IO, Any
 from sqlalchemy import Table, delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import GroupCommit, WriteTx
 from projections.domain.errors import Refused
 from projections.errors import NotFound
 from projections.event_log import utcnow
+from projections.group_commit import GroupCommit, WriteTx
 from projections.models import Base, FileChunk, StoredFile
 from projections.scope import Scope, get_visible, newest_first, scoped
 

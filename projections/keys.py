@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import transaction
+from projections.engines import transaction
 from projections.event_log import utcnow
 from projections.models import ApiKey
 from projections.scope import Scope

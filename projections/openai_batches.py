@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import GroupCommit, WriteTx
 from projections.domain.lifecycle import JobState
 from projections.errors import NotFound
 from projections.event_log import utcnow
+from projections.group_commit import GroupCommit, WriteTx
 from projections.ids import new_prompt_id
 from projections.models import Base, Batch, BatchLine, Job, Prompt, Response
 from projections.scope import Scope, get_visible, newest_first, scoped

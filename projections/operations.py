@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import transaction
 from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
+from projections.engines import transaction
 from projections.models import (
     AttemptRecord,
     Batch,

@@ -1,6 +1,6 @@
 """The idempotent projector: applies job transitions to the job rows and appends job events.
 
-Every write here is a plain function of a `WriteTx` (projections/db.py): it runs on a
+Every write here is a plain function of a `WriteTx` (projections/group_commit.py): it runs on a
 synchronous connection inside the one thread hop of its transaction. A transition is one
 guarded `UPDATE jobs ... WHERE state IN (...) AND progress_rank < ...`, so the database
 itself refuses an illegal or stale transition, plus one `INSERT` into job_events."""
@@ -21,7 +21,6 @@ from projections import budgets
 from projections.admission import Waiting, admit
 from projections.budgets import BudgetWait, Draw
 from projections.chain_store import waiting_children_query
-from projections.db import GroupCommit, WriteTx
 from projections.domain.lifecycle import (
     AttemptResult,
     ErrorKind,
@@ -32,6 +31,7 @@ from projections.domain.lifecycle import (
     sources_of,
 )
 from projections.event_log import append_event, prepared, utcnow
+from projections.group_commit import GroupCommit, WriteTx
 from projections.models import Base, Job, Prompt, Response
 from projections.streams import (
     AttemptUsage,

@@ -18,10 +18,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import GroupCommit, WriteTx
 from projections.domain.lifecycle import JobState
 from projections.errors import NotFound
 from projections.event_log import utcnow
+from projections.group_commit import GroupCommit, WriteTx
 from projections.models import Base, DeferredJob, Job, Prompt, ProviderBatch
 
 BATCHES = Base.metadata.tables[ProviderBatch.__tablename__]

@@ -13,7 +13,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute, aliased, defer
 from sqlalchemy.orm.attributes import set_committed_value
 
-from projections.db import VisibleHorizon
 from projections.domain.lifecycle import EventType, JobState
 from projections.event_log import utcnow
 from projections.models import (
@@ -25,6 +24,7 @@ from projections.models import (
     PromptParent,
     Response,
 )
+from projections.prepared import VisibleHorizon
 from projections.rows import LISTED_OPTIONS_BYTES
 from projections.scope import Scope, get_visible, scoped
 

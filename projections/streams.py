@@ -15,9 +15,9 @@ from sqlalchemy import Integer, bindparam, case, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from projections.db import WriteTx
 from projections.domain.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.event_log import append_event, log_event, log_events, prepared
+from projections.group_commit import WriteTx
 from projections.models import AttemptRecord, Base, Job, JobOutput
 from projections.rows import job_row
 

@@ -15,10 +15,10 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.db import WriteTx
 from projections.domain.lifecycle import JobState
 from projections.errors import IdempotencyConflict, InvalidState, NotFound, RetryLimit
 from projections.event_log import append_event, prepared, utcnow
+from projections.group_commit import WriteTx
 from projections.ids import new_job_id, new_prompt_id
 from projections.models import Base, Job, Prompt, PromptParent, job_options
 from projections.projector import (

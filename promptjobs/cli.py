@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
 from activities.prices import InvalidPrices
-from projections.db import StoreUnavailable, database_error
 from projections.domain.errors import Refused
+from projections.migrate import StoreUnavailable, database_error
 from promptjobs import cli_batches, cli_budgets, cli_jobs, cli_orgs
 from promptjobs.console import CliError, iso, run
 from promptjobs.launch import (

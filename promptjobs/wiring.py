@@ -19,7 +19,9 @@ from temporalio.service import TLSConfig
 
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
-from projections.db import create_engine, dispose, migrate_store, require_store, session_factory
+from projections.engines import create_engine, session_factory
+from projections.group_commit import dispose
+from projections.migrate import migrate_store, require_store
 from projections.notifications import EventListener
 from projections.projector import Projector
 from projections.store import JobStore

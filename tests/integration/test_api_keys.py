@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from projections.db import migrate
+from projections.migrate import migrate
 from projections.models import ApiKey
 from tests.conftest import Stack, eventually
 from tests.integration.processes import DevProcess

@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from api.openai.errors import speaks_openai
 from api.schemas import SubmitPrompt
-from projections.db import migrate
+from projections.migrate import migrate
 from tests.conftest import free_port
 
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")

@@ -11,7 +11,7 @@ import pytest
 
 from projections import budgets
 from projections.budgets import BudgetWait, Draw
-from projections.db import SyncWriter, WriteTx
+from projections.group_commit import SyncWriter, WriteTx
 from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import Projection

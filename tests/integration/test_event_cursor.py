@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from projections.db import GroupCommit, SyncWriter, WriteTx
 from projections.domain.lifecycle import ErrorKind, JobState
+from projections.group_commit import GroupCommit, SyncWriter, WriteTx
 from projections.models import JobEvent
 from projections.projector import Transition, transition, utcnow
 from projections.scope import Scope

@@ -18,8 +18,8 @@ import httpx
 from sqlalchemy import event, update
 from temporalio.testing import WorkflowEnvironment
 
-from projections.db import WriteTx
 from projections.event_log import append_event, utcnow
+from projections.group_commit import WriteTx
 from projections.models import ApiKey
 from projections.projector import current
 from projections.scope import Scope

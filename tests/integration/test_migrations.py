@@ -11,7 +11,8 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
-from projections.db import alembic_config, migrate, sync_url
+from projections.engines import sync_url
+from projections.migrate import alembic_config, migrate
 from projections.models import Base
 
 # The database is what these tests are about: each runs on SQLite and on PostgreSQL.
@@ -60,7 +61,7 @@ async def test_processes_starting_together_migrate_once(empty_database_url: str)
     """`docker compose up --scale worker=4`, or `promptjobs api` and `promptjobs worker`
     started together on a new SQLite file: every process migrates at start, all at once.
     (Processes, not threads: Alembic keeps its context in module globals.)"""
-    script = "import sys; from projections.db import migrate; migrate(sys.argv[1])"
+    script = "import sys; from projections.migrate import migrate; migrate(sys.argv[1])"
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable, "-c", script, empty_database_url, stderr=asyncio.subprocess.PIPE

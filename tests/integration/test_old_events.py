@@ -16,8 +16,9 @@ from alembic import command
 from sqlalchemy import MetaData, create_engine, insert
 from temporalio.testing import WorkflowEnvironment
 
-from projections.db import alembic_config, sync_url
 from projections.domain.lifecycle import EventType, JobState
+from projections.engines import sync_url
+from projections.migrate import alembic_config
 from tests.conftest import make_settings, running_stack
 from tests.integration.event_stream import all_terminal, read_events
 

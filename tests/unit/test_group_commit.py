@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from projections.db import GroupCommit, WriteTx
 from projections.domain.lifecycle import JobState
+from projections.group_commit import GroupCommit, WriteTx
 from projections.projector import Transition
 from projections.scope import Scope
 from projections.writes import Submission

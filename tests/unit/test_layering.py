@@ -109,7 +109,7 @@ def test_no_modules_import_each_other_in_a_circle() -> None:
 
     def visit(name: str, trail: list[str]) -> None:
         if name in trail:
-            circles.append(trail[trail.index(name) :] + [name])
+            circles.append([*trail[trail.index(name) :], name])
             return
         if name in done:
             return

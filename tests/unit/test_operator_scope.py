@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from projections.db import transaction
+from projections.engines import transaction
 from projections.errors import NotFound
 from projections.models import ApiKey
 from projections.scope import Scope

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select, update
 
-from projections.db import transaction
 from projections.domain.lifecycle import (
     ALLOWED_TRANSITIONS,
     AttemptResult,
@@ -16,6 +15,7 @@ from projections.domain.lifecycle import (
     JobState,
     is_allowed,
 )
+from projections.engines import transaction
 from projections.errors import InvalidState
 from projections.ids import response_id_for
 from projections.models import Job, Response

@@ -3,8 +3,8 @@
 Without AUTOINCREMENT SQLite hands out max(id) + 1, so after `jobs archive` removed the newest
 events, new events took ids a client's cursor had already passed. The table is rebuilt (SQLite
 cannot change a key in place); its rows keep their ids and sqlite_sequence starts at the
-largest. PostgreSQL's ids come from the writing transaction (projections/db.py, WriteTx) and
-were never reused: nothing changes there.
+largest. PostgreSQL's ids come from the writing transaction (projections/group_commit.py,
+WriteTx) and were never reused: nothing changes there.
 
 Revision ID: 0006
 Revises: 0005
