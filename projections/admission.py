@@ -34,8 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.domain.lifecycle import UNSETTLED, JobState
-from projections.engines import transaction
-from projections.group_commit import WriteTx
+from projections.group_commit import GroupCommit, WriteTx
 from projections.models import ApiKey, Base, Job, OrgLimit
 from projections.prepared import Prepared
 
@@ -223,8 +222,9 @@ class OrgShares:
     """Each org's share of the fleet as stored (`JobStore.orgs`): its limit, what runs, and
     who waits."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
         self.sessions = sessions
+        self.writes = writes
 
     async def slot_waiters(self, default_limit: int, batch: int = 1000) -> list[str]:
         """The waiting jobs to wake now: of each org with waiters, as many as it has free slots
@@ -281,16 +281,18 @@ class OrgShares:
         await self._set(org, tpm=tpm)
 
     async def _set(self, org: str, **values: int | None) -> None:
-        # A write transaction (BEGIN IMMEDIATE on SQLite): a read that then writes must not
-        # find its snapshot overtaken by another writer (SQLite refuses that at once).
-        async with transaction(self.sessions) as session:
-            row = (await session.execute(select(LIMITS).where(LIMITS.c.org == org))).first()
+        # The read and the write in one write transaction: another writer cannot come
+        # between them.
+        def write(tx: WriteTx) -> None:
+            row = tx.execute(select(LIMITS).where(LIMITS.c.org == org)).first()
             kept: dict[str, int | None] = {
                 "max_running": None if row is None else row.max_running,
                 "tpm": None if row is None else row.tpm,
             }
             kept.update(values)
-            await session.execute(delete(LIMITS).where(LIMITS.c.org == org))
+            tx.execute(delete(LIMITS).where(LIMITS.c.org == org))
             if any(value is not None for value in kept.values()):
                 row_values = {"org": org, **kept, "updated_at": datetime.now(UTC)}
-                await session.execute(LIMITS.insert().values(row_values))
+                tx.execute(LIMITS.insert().values(row_values))
+
+        await self.writes.run(write)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, text, update
+from sqlalchemy import Select, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -53,13 +53,9 @@ DRAWS = Base.metadata.tables[BudgetDraw.__tablename__]
 WAITERS = Base.metadata.tables[BudgetWaiter.__tablename__]
 LIMITS = Base.metadata.tables[OrgLimit.__tablename__]
 
-# The window providers count their per-minute limits over.
+# The window providers count their per-minute limits over, unless the deployment says
+# another (PROMPTJOBS_BUDGET_WINDOW_S: the Projector's `budget_window`).
 WINDOW = timedelta(seconds=60)
-
-
-def held_for() -> timedelta:
-    """How long a draw counts (projections/domain/budgets.py), over WINDOW."""
-    return rules.held_for(WINDOW)
 
 
 # pg_advisory_xact_lock(key1, key2): this namespace, then the budget's hash.
@@ -140,101 +136,26 @@ class OverBudget(Refused, ValueError):
 # -- inside the transaction that starts an attempt ---------------------------------------
 
 
-def check(tx: WriteTx, job_id: str, draw: Draw, now: datetime) -> Draw | BudgetWait | Probe | None:
-    """Whether the attempt may call now: the draw to `take` once the attempt has started in
-    the same transaction (its tokens at most the budget's minute: a job that fits at all
-    must fit some time), or None when the budget has no limits to draw on; else the wait,
-    recorded: the job's place among the budget's waiters, and on its row why it waits and
-    until about when.
-
-    The first call on a provider and model that says its limits is a probe: it goes alone,
-    and the others wait for its answer (PROBE_FOR at most), so a cold backlog does not hit
-    the provider all at once before anyone knows its limits."""
-    if tx.postgresql:
-        if draw.org_tpm is not None:
-            # The org's quota spans all its budgets: its attempts on two models must not both
-            # pass it. Taken before the budget's lock, always in that order.
-            tx.execute(_BUDGET_LOCK, {"namespace": ORG_QUOTA_LOCK_NAMESPACE, "budget": draw.org})
-        tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
-    # Where the org has a quota every call draws, so the org's minute counts them all.
-    free: Draw | None = None
-    if (quota := draw.org_tpm) is not None:
-        draw = replace(draw, tokens=min(draw.tokens, quota))
-        if (over := _over_org_quota(tx, job_id, draw, quota, now)) is not None:
-            return over
-        free = draw
-    budget = tx.execute(select(BUDGETS).where(BUDGETS.c.name == draw.budget)).first()
-    if budget is None:
-        return Probe(free) if draw.probe else free
-    limits = Limits.of(budget)
-    paused = budget.paused_until is not None and budget.paused_until > now
-    if limits.rpm is None and limits.tpm is None and not paused:
-        if budget.probe_until is None:
-            return free
-        if budget.probe_until <= now:
-            # The probe never answered: this call probes instead.
-            return Probe(free)
-        reason = (
-            f"provider budget {draw.budget}: waiting for the provider's first answer, which "
-            "says its rate limits"
-        )
-        held = _held_rank(tx, job_id, draw)
-        new_rank = _rank(tx, draw, limits, now) if held is None else None
-        # The dispatcher wakes it, in rank order, once the probe's answer is in; by itself it
-        # asks again only when the probe would time out (waiters do not poll meanwhile).
-        return _wait(tx, job_id, draw, new_rank, budget.probe_until, reason, now)
-    if limits.tpm is not None and draw.tokens > limits.tpm:
-        draw = replace(draw, tokens=limits.tpm)
-    held = _held_rank(tx, job_id, draw)
-    rank = held if held is not None else _rank(tx, draw, limits, now)
-    ahead_n, ahead_tokens = _ahead(tx, draw.budget, job_id, rank)
-    requests, tokens = _spent(tx, draw.budget, now)
-    if not paused and rules.fits(limits, requests, tokens, ahead_n, ahead_tokens, draw.tokens):
-        return draw
-    if paused:
-        until = budget.paused_until
-        reason = (
-            f"provider budget {draw.budget} is paused by the provider's rate limit (HTTP 429) "
-            f"until {until:%H:%M:%S} UTC"
-        )
-    else:
-        until = _room_at(tx, draw, limits, requests + ahead_n, tokens + ahead_tokens, now)
-        spent = []
-        if limits.rpm is not None:
-            spent.append(f"{requests} of {limits.rpm} requests")
-        if limits.tpm is not None:
-            spent.append(f"{tokens} of {limits.tpm} tokens")
-        reason = (
-            f"provider budget {draw.budget}: {' and '.join(spent)} in the last minute"
-            + (f", {ahead_n} job(s) ahead of this one" if ahead_n else "")
-            + f"; room expected about {until:%H:%M:%S} UTC"
-        )
-    return _wait(tx, job_id, draw, rank if held is None else None, until, reason, now)
+def check(
+    tx: WriteTx, job_id: str, draw: Draw, now: datetime, window: timedelta
+) -> Draw | BudgetWait | Probe | None:
+    """Whether the attempt may call now (`BudgetCheck.run`)."""
+    return BudgetCheck(tx, job_id, now, window).run(draw)
 
 
-def _wait(
-    tx: WriteTx,
-    job_id: str,
-    draw: Draw,
-    new_rank: float | None,
-    until: datetime,
-    reason: str,
-    now: datetime,
-) -> BudgetWait:
-    """Record the wait: a new waiter's place (`new_rank`), and why on the job's row."""
-    until = min(max(until, now + LEAST_WAIT), now + held_for())
-    if new_rank is not None:
-        tx.execute(
-            WAITERS.insert().values(
-                job_id=job_id, budget=draw.budget, rank=new_rank, tokens=draw.tokens, since=now
-            )
-        )
+def take(
+    tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime, window: timedelta
+) -> None:
+    """The started attempt's draw: one request and its estimated tokens, from now (and the
+    budget's draws that no longer count go)."""
+    since = now - rules.held_for(window)
+    tx.execute(delete(DRAWS).where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at <= since))
     tx.execute(
-        update(JOBS)
-        .where(JOBS.c.job_id == job_id, JOBS.c.state == JobState.QUEUED)
-        .values(waiting_for=reason[:1000], next_attempt_at=until)
+        DRAWS.insert().values(
+            budget=draw.budget, job_id=job_id, attempt=attempt, drawn_at=now, tokens=draw.tokens
+        )
     )
-    return BudgetWait(draw.budget, until, reason)
+    stop_waiting(tx, job_id)
 
 
 def claim_probe(tx: WriteTx, budget: str, now: datetime) -> None:
@@ -244,107 +165,196 @@ def claim_probe(tx: WriteTx, budget: str, now: datetime) -> None:
     tx.execute(update(BUDGETS).where(BUDGETS.c.name == budget).values(probe_until=now + PROBE_FOR))
 
 
-def take(tx: WriteTx, job_id: str, attempt: int, draw: Draw, now: datetime) -> None:
-    """The started attempt's draw: one request and its estimated tokens, from now (and the
-    budget's draws that no longer count go)."""
-    tx.execute(
-        delete(DRAWS).where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at <= now - held_for())
-    )
-    tx.execute(
-        DRAWS.insert().values(
-            budget=draw.budget, job_id=job_id, attempt=attempt, drawn_at=now, tokens=draw.tokens
-        )
-    )
-    stop_waiting(tx, job_id)
-
-
 def stop_waiting(tx: WriteTx, job_id: str) -> None:
     """The job no longer waits for a budget (it runs, or waits for something else)."""
     tx.execute(delete(WAITERS).where(WAITERS.c.job_id == job_id))
 
 
-def _held_rank(tx: WriteTx, job_id: str, draw: Draw) -> float | None:
-    """The job's rank among the budget's waiters, if it waits already."""
-    held = tx.execute(
-        select(WAITERS.c.rank).where(WAITERS.c.job_id == job_id, WAITERS.c.budget == draw.budget)
-    ).scalar()
-    return None if held is None else float(held)
-
-
-def _over_org_quota(
-    tx: WriteTx, job_id: str, draw: Draw, quota: int, now: datetime
-) -> BudgetWait | None:
-    """The wait, if the org's draws of the last minute on every budget leave no room for
-    this one within its quota (the job's timer asks again when room is expected)."""
-    rows = tx.execute(
-        select(DRAWS.c.drawn_at, DRAWS.c.tokens)
-        .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
-        .where(JOBS.c.org == draw.org, DRAWS.c.drawn_at > now - held_for())
-        .order_by(DRAWS.c.drawn_at)
-    ).all()
-    draws = [(drawn_at, int(tokens)) for drawn_at, tokens in rows]
-    until = rules.quota_room_at(draws, quota, draw.tokens, now, WINDOW)
-    if until is None:
-        return None
-    used = sum(tokens for _, tokens in draws)
-    reason = (
-        f"org {draw.org}'s token quota: {used} of its {quota} tokens a minute drawn in the last "
-        f"minute; room expected about {until:%H:%M:%S} UTC"
+def spent(budget: str, since: datetime) -> Select[Any]:
+    """The requests and tokens `budget` has drawn since `since` (the window's)."""
+    return select(func.count(), func.coalesce(func.sum(DRAWS.c.tokens), 0)).where(
+        DRAWS.c.budget == budget, DRAWS.c.drawn_at > since
     )
-    return _wait(tx, job_id, draw, None, until, reason, now)
 
 
-def _rank(tx: WriteTx, draw: Draw, limits: Limits, now: datetime) -> float:
-    """A new waiter's rank (projections/domain/budgets.rank), its org's calls on the budget
-    in the last window read here."""
-    used = tx.execute(
-        select(func.count())
-        .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
-        .where(
-            DRAWS.c.budget == draw.budget,
-            DRAWS.c.drawn_at > now - held_for(),
-            JOBS.c.org == draw.org,
+class BudgetCheck:
+    """One attempt's check against its provider budget (and its org's token quota), inside
+    the transaction that would start it: the SQL reads, and the arithmetic of
+    projections/domain/budgets.py over them, with the providers' `window`."""
+
+    def __init__(self, tx: WriteTx, job_id: str, now: datetime, window: timedelta) -> None:
+        self.tx = tx
+        self.job_id = job_id
+        self.now = now
+        self.window = window
+        # Draws after this still count (the window and its margin).
+        self.since = now - rules.held_for(window)
+
+    def run(self, draw: Draw) -> Draw | BudgetWait | Probe | None:
+        """The draw to `take` once the attempt has started in the same transaction (its
+        tokens at most the budget's minute: a job that fits at all must fit some time), or
+        None when the budget has no limits to draw on; else the wait, recorded: the job's
+        place among the budget's waiters, and on its row why it waits and until about when.
+
+        The first call on a provider and model that says its limits is a probe: it goes
+        alone, and the others wait for its answer (PROBE_FOR at most), so a cold backlog
+        does not hit the provider all at once before anyone knows its limits."""
+        tx, now = self.tx, self.now
+        if tx.postgresql:
+            if draw.org_tpm is not None:
+                # The org's quota spans all its budgets: its attempts on two models must not
+                # both pass it. Taken before the budget's lock, always in that order.
+                lock = {"namespace": ORG_QUOTA_LOCK_NAMESPACE, "budget": draw.org}
+                tx.execute(_BUDGET_LOCK, lock)
+            tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
+        # Where the org has a quota every call draws, so the org's minute counts them all.
+        free: Draw | None = None
+        if (quota := draw.org_tpm) is not None:
+            draw = replace(draw, tokens=min(draw.tokens, quota))
+            if (over := self._over_org_quota(draw, quota)) is not None:
+                return over
+            free = draw
+        budget = tx.execute(select(BUDGETS).where(BUDGETS.c.name == draw.budget)).first()
+        if budget is None:
+            return Probe(free) if draw.probe else free
+        limits = Limits.of(budget)
+        paused = budget.paused_until is not None and budget.paused_until > now
+        if limits.rpm is None and limits.tpm is None and not paused:
+            if budget.probe_until is None:
+                return free
+            if budget.probe_until <= now:
+                # The probe never answered: this call probes instead.
+                return Probe(free)
+            reason = (
+                f"provider budget {draw.budget}: waiting for the provider's first answer, "
+                "which says its rate limits"
+            )
+            held = self._held_rank(draw)
+            new_rank = self._rank(draw, limits) if held is None else None
+            # The dispatcher wakes it, in rank order, once the probe's answer is in; by itself
+            # it asks again only when the probe would time out (waiters do not poll meanwhile).
+            return self._wait(draw, new_rank, budget.probe_until, reason)
+        if limits.tpm is not None and draw.tokens > limits.tpm:
+            draw = replace(draw, tokens=limits.tpm)
+        held = self._held_rank(draw)
+        rank = held if held is not None else self._rank(draw, limits)
+        ahead_n, ahead_tokens = self._ahead(draw.budget, rank)
+        requests, tokens = (int(n) for n in tx.execute(spent(draw.budget, self.since)).one())
+        if not paused and rules.fits(limits, requests, tokens, ahead_n, ahead_tokens, draw.tokens):
+            return draw
+        if paused:
+            until = budget.paused_until
+            reason = (
+                f"provider budget {draw.budget} is paused by the provider's rate limit (HTTP "
+                f"429) until {until:%H:%M:%S} UTC"
+            )
+        else:
+            until = self._room_at(draw, limits, requests + ahead_n, tokens + ahead_tokens)
+            used = []
+            if limits.rpm is not None:
+                used.append(f"{requests} of {limits.rpm} requests")
+            if limits.tpm is not None:
+                used.append(f"{tokens} of {limits.tpm} tokens")
+            reason = (
+                f"provider budget {draw.budget}: {' and '.join(used)} in the last minute"
+                + (f", {ahead_n} job(s) ahead of this one" if ahead_n else "")
+                + f"; room expected about {until:%H:%M:%S} UTC"
+            )
+        return self._wait(draw, rank if held is None else None, until, reason)
+
+    def _wait(self, draw: Draw, new_rank: float | None, until: datetime, reason: str) -> BudgetWait:
+        """Record the wait: a new waiter's place (`new_rank`), and why on the job's row."""
+        now = self.now
+        until = min(max(until, now + LEAST_WAIT), now + rules.held_for(self.window))
+        if new_rank is not None:
+            self.tx.execute(
+                WAITERS.insert().values(
+                    job_id=self.job_id,
+                    budget=draw.budget,
+                    rank=new_rank,
+                    tokens=draw.tokens,
+                    since=now,
+                )
+            )
+        self.tx.execute(
+            update(JOBS)
+            .where(JOBS.c.job_id == self.job_id, JOBS.c.state == JobState.QUEUED)
+            .values(waiting_for=reason[:1000], next_attempt_at=until)
         )
-    ).scalar_one()
-    return rules.rank(now, draw.priority, draw.aging_s, limits, draw.tokens, int(used), WINDOW)
+        return BudgetWait(draw.budget, until, reason)
 
+    def _held_rank(self, draw: Draw) -> float | None:
+        """The job's rank among the budget's waiters, if it waits already."""
+        held = self.tx.execute(
+            select(WAITERS.c.rank).where(
+                WAITERS.c.job_id == self.job_id, WAITERS.c.budget == draw.budget
+            )
+        ).scalar()
+        return None if held is None else float(held)
 
-def _ahead(tx: WriteTx, budget: str, job_id: str, rank: float) -> tuple[int, int]:
-    """The waiters ranked before `rank` whose jobs still wait, and the tokens they need."""
-    ahead = (
-        select(func.count(), func.coalesce(func.sum(WAITERS.c.tokens), 0))
-        .select_from(WAITERS.join(JOBS, JOBS.c.job_id == WAITERS.c.job_id))
-        .where(
-            WAITERS.c.budget == budget,
-            WAITERS.c.rank < rank,
-            WAITERS.c.job_id != job_id,
-            JOBS.c.state == JobState.QUEUED,
+    def _over_org_quota(self, draw: Draw, quota: int) -> BudgetWait | None:
+        """The wait, if the org's draws of the last window on every budget leave no room for
+        this one within its quota (the job's timer asks again when room is expected)."""
+        rows = self.tx.execute(
+            select(DRAWS.c.drawn_at, DRAWS.c.tokens)
+            .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
+            .where(JOBS.c.org == draw.org, DRAWS.c.drawn_at > self.since)
+            .order_by(DRAWS.c.drawn_at)
+        ).all()
+        draws = [(drawn_at, int(tokens)) for drawn_at, tokens in rows]
+        until = rules.quota_room_at(draws, quota, draw.tokens, self.now, self.window)
+        if until is None:
+            return None
+        used = sum(tokens for _, tokens in draws)
+        reason = (
+            f"org {draw.org}'s token quota: {used} of its {quota} tokens a minute drawn in the "
+            f"last minute; room expected about {until:%H:%M:%S} UTC"
         )
-    )
-    count, tokens = tx.execute(ahead).one()
-    return int(count), int(tokens)
+        return self._wait(draw, None, until, reason)
 
+    def _rank(self, draw: Draw, limits: Limits) -> float:
+        """A new waiter's rank (projections/domain/budgets.rank), its org's calls on the
+        budget in the last window read here."""
+        used = self.tx.execute(
+            select(func.count())
+            .select_from(DRAWS.join(JOBS, JOBS.c.job_id == DRAWS.c.job_id))
+            .where(
+                DRAWS.c.budget == draw.budget,
+                DRAWS.c.drawn_at > self.since,
+                JOBS.c.org == draw.org,
+            )
+        ).scalar_one()
+        return rules.rank(
+            self.now, draw.priority, draw.aging_s, limits, draw.tokens, int(used), self.window
+        )
 
-def _spent(tx: WriteTx, budget: str, now: datetime) -> tuple[int, int]:
-    window = select(func.count(), func.coalesce(func.sum(DRAWS.c.tokens), 0)).where(
-        DRAWS.c.budget == budget, DRAWS.c.drawn_at > now - held_for()
-    )
-    count, tokens = tx.execute(window).one()
-    return int(count), int(tokens)
+    def _ahead(self, budget: str, rank: float) -> tuple[int, int]:
+        """The waiters ranked before `rank` whose jobs still wait, and the tokens they need."""
+        ahead = (
+            select(func.count(), func.coalesce(func.sum(WAITERS.c.tokens), 0))
+            .select_from(WAITERS.join(JOBS, JOBS.c.job_id == WAITERS.c.job_id))
+            .where(
+                WAITERS.c.budget == budget,
+                WAITERS.c.rank < rank,
+                WAITERS.c.job_id != self.job_id,
+                JOBS.c.state == JobState.QUEUED,
+            )
+        )
+        count, tokens = self.tx.execute(ahead).one()
+        return int(count), int(tokens)
 
-
-def _room_at(
-    tx: WriteTx, draw: Draw, limits: Limits, requests: int, tokens: int, now: datetime
-) -> datetime:
-    """When this draw will fit (projections/domain/budgets.budget_room_at), counting what the
-    waiters before it need; the window's draws read here."""
-    rows = tx.execute(
-        select(DRAWS.c.drawn_at, DRAWS.c.tokens)
-        .where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at > now - held_for())
-        .order_by(DRAWS.c.drawn_at)
-    ).all()
-    draws = [(drawn_at, int(spent)) for drawn_at, spent in rows]
-    return rules.budget_room_at(draws, limits, requests, tokens, draw.tokens, now, WINDOW)
+    def _room_at(self, draw: Draw, limits: Limits, requests: int, tokens: int) -> datetime:
+        """When this draw will fit (projections/domain/budgets.budget_room_at), counting what
+        the waiters before it need; the window's draws read here."""
+        rows = self.tx.execute(
+            select(DRAWS.c.drawn_at, DRAWS.c.tokens)
+            .where(DRAWS.c.budget == draw.budget, DRAWS.c.drawn_at > self.since)
+            .order_by(DRAWS.c.drawn_at)
+        ).all()
+        draws = [(drawn_at, int(used)) for drawn_at, used in rows]
+        return rules.budget_room_at(
+            draws, limits, requests, tokens, draw.tokens, self.now, self.window
+        )
 
 
 # -- after the call --------------------------------------------------------------------
@@ -443,9 +453,16 @@ class BudgetStanding:
 class Budgets:
     """The provider budgets as stored (`JobStore.budgets`)."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        writes: GroupCommit,
+        window: timedelta = WINDOW,
+    ) -> None:
         self.sessions = sessions
         self.writes = writes
+        # The window the providers' limits count over (PROMPTJOBS_BUDGET_WINDOW_S).
+        self.window = window
 
     async def known(self) -> dict[str, bool]:
         """Every budget, and whether it may refuse a call now (a limit, a pause, a probe)."""
@@ -544,7 +561,7 @@ class Budgets:
                         func.sum(DRAWS.c.tokens).filter(DRAWS.c.reconciled.is_(True)),
                         func.sum(DRAWS.c.tokens).filter(DRAWS.c.reconciled.is_(False)),
                     )
-                    .where(DRAWS.c.drawn_at > now - held_for())
+                    .where(DRAWS.c.drawn_at > now - rules.held_for(self.window))
                     .group_by(DRAWS.c.budget)
                 )
             }
@@ -607,13 +624,8 @@ class Budgets:
                 limits = Limits.of(row) if row is not None else Limits(None, None)
                 if row is not None and row.probe_until is not None and row.probe_until > now:
                     continue  # the probe's answer is not in yet
-                requests, tokens = (
-                    await session.execute(
-                        select(func.count(), func.coalesce(func.sum(DRAWS.c.tokens), 0)).where(
-                            DRAWS.c.budget == name, DRAWS.c.drawn_at > now - held_for()
-                        )
-                    )
-                ).one()
+                since = now - rules.held_for(self.window)
+                requests, tokens = (await session.execute(spent(name, since))).one()
                 room_requests = batch if limits.rpm is None else limits.rpm - int(requests)
                 room_tokens = math.inf if limits.tpm is None else limits.tpm - int(tokens)
                 first = await session.execute(

@@ -3,6 +3,7 @@ a parent succeeds, and the parents' answers a child's prompt is filled with."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,8 +11,10 @@ from sqlalchemy import Select, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.domain.lifecycle import JobState
-from projections.engines import transaction
-from projections.models import Job, PromptParent, Response
+from projections.group_commit import GroupCommit, WriteTx
+from projections.models import Base, Job, PromptParent, Response
+
+JOBS = Base.metadata.tables[Job.__tablename__]
 
 # How many waiting jobs the dispatcher's safety net looks at per pass.
 WAKE_BATCH = 500
@@ -25,34 +28,39 @@ class ParentsState:
     detail: str
 
 
-async def _current_job(session: AsyncSession, prompt_id: str) -> Job | None:
-    """A prompt's current job: the one no retry has replaced."""
-    stmt = (
-        select(Job)
-        .where(Job.prompt_id == prompt_id, Job.superseded_by.is_(None))
+def _current(column: Any) -> Any:
+    """`column` of a parent's current job (the one no retry has replaced), per parent row."""
+    return (
+        select(column)
+        .where(Job.prompt_id == PromptParent.parent_id, Job.superseded_by.is_(None))
         .order_by(Job.created_at.desc(), Job.job_id.desc())
         .limit(1)
+        .scalar_subquery()
     )
-    return (await session.execute(stmt)).scalar_one_or_none()
 
 
-async def _parents_state(session: AsyncSession, prompt_id: str) -> ParentsState:
-    stmt = (
-        select(PromptParent.parent_id)
+def parents_query(prompt_id: str) -> Select[Any]:
+    """`prompt_id`'s parents in order, each with its current job's id and state (None: it
+    has no job)."""
+    return (
+        select(PromptParent.parent_id, _current(Job.job_id), _current(Job.state))
         .where(PromptParent.prompt_id == prompt_id)
         .order_by(PromptParent.position)
     )
+
+
+def parents_state(rows: Sequence[Any]) -> ParentsState:
+    """What the parents (`parents_query`'s rows) leave a child waiting on, and in words."""
     waiting: list[str] = []
     words: list[str] = []
-    for parent_id in (await session.execute(stmt)).scalars():
-        current = await _current_job(session, parent_id)
-        if current is not None and current.state is JobState.SUCCEEDED:
+    for parent_id, job_id, state in rows:
+        if state is not None and JobState(state) is JobState.SUCCEEDED:
             continue
         waiting.append(parent_id)
-        if current is None:
+        if job_id is None:
             words.append(f"{parent_id} (no job)")
         else:
-            words.append(f"{parent_id} (job {current.job_id} {current.state.value})")
+            words.append(f"{parent_id} (job {job_id} {JobState(state).value})")
     return ParentsState(waiting, ", ".join(words))
 
 
@@ -72,30 +80,38 @@ class ChainStore:
     """A chain's rows (`JobStore.chains`): what a child waits on, whom to wake, and the
     parents' answers."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
         self.sessions = sessions
+        self.writes = writes
 
     async def parents_state(self, prompt_id: str) -> ParentsState:
         """What a child of `prompt_id`'s parents still waits on, read now."""
         async with self.sessions() as session:
-            return await _parents_state(session, prompt_id)
+            return parents_state((await session.execute(parents_query(prompt_id))).all())
 
     async def check_parents(self, job_id: str) -> ParentsState:
         """What `job_id` still waits on, recorded on its row while it is queued (no event: its
         state has not changed; a read of the row shows it)."""
-        async with transaction(self.sessions) as session:
-            job = await session.get(Job, job_id)
+
+        def write(tx: WriteTx) -> ParentsState:
+            job = tx.execute(
+                select(JOBS.c.prompt_id, JOBS.c.state, JOBS.c.waiting_on).where(
+                    JOBS.c.job_id == job_id
+                )
+            ).first()
             if job is None:
                 raise LookupError(f"no job {job_id}")
-            state = await _parents_state(session, job.prompt_id)
+            state = parents_state(tx.execute(parents_query(job.prompt_id)).all())
             now_waiting = state.waiting_on or None
-            if job.state is JobState.QUEUED and job.waiting_on != now_waiting:
-                await session.execute(
-                    update(Job)
-                    .where(Job.job_id == job_id, Job.state == JobState.QUEUED)
+            if JobState(job.state) is JobState.QUEUED and job.waiting_on != now_waiting:
+                tx.execute(
+                    update(JOBS)
+                    .where(JOBS.c.job_id == job_id, JOBS.c.state == JobState.QUEUED)
                     .values(waiting_on=now_waiting)
                 )
             return state
+
+        return await self.writes.run(write)
 
     async def waiting_children(self, parent_id: str) -> list[str]:
         async with self.sessions() as session:
@@ -116,7 +132,8 @@ class ChainStore:
         ready: list[str] = []
         async with self.sessions() as session:
             for job in list((await session.execute(stmt)).scalars()):
-                if not (await _parents_state(session, job.prompt_id)).waiting_on:
+                rows = (await session.execute(parents_query(job.prompt_id))).all()
+                if not parents_state(rows).waiting_on:
                     ready.append(job.job_id)
         return ready
 

@@ -10,14 +10,15 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.engines import transaction
 from projections.event_log import utcnow
-from projections.models import ApiKey
+from projections.group_commit import GroupCommit, WriteTx
+from projections.models import ApiKey, Base
 from projections.scope import Scope
 
+KEYS = Base.metadata.tables[ApiKey.__tablename__]
 ROLES = ("member", "admin")
 PREFIX = "pj"
 # The width of the org and user columns (PostgreSQL enforces it; SQLite would not).
@@ -52,8 +53,9 @@ class Revoked:
 class KeyStore:
     """The API keys in the projection (`JobStore.keys`): made, verified, listed, revoked."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
         self.sessions = sessions
+        self.writes = writes
 
     async def create(self, org: str, user: str, role: str = "member") -> IssuedKey:
         if role not in ROLES:
@@ -66,17 +68,15 @@ class KeyStore:
                 )
         key_id = secrets.token_hex(6)
         token = f"{PREFIX}_{key_id}_{secrets.token_urlsafe(24)}"
-        async with transaction(self.sessions) as session:
-            session.add(
-                ApiKey(
-                    key_id=key_id,
-                    key_hash=_hash(token),
-                    org=org,
-                    user=user,
-                    role=role,
-                    created_at=utcnow(),
-                )
-            )
+        row = {
+            "key_id": key_id,
+            "key_hash": _hash(token),
+            "org": org,
+            "user": user,
+            "role": role,
+            "created_at": utcnow(),
+        }
+        await self.writes.run(lambda tx: tx.execute(insert(KEYS), row))
         return IssuedKey(key_id, token, Scope(org, user, role))
 
     async def live_ids(self, key_ids: set[str]) -> set[str]:
@@ -117,16 +117,19 @@ class KeyStore:
         that keeps the first date. None if there is no such key. API processes stop accepting
         it within their cache's TTL (`KeyCache`)."""
         key_id = key_id_of(key) or key
-        async with transaction(self.sessions) as session:
-            changed = await session.execute(
-                update(ApiKey)
-                .where(ApiKey.key_id == key_id, ApiKey.revoked_at.is_(None))
+
+        def write(tx: WriteTx) -> Revoked | None:
+            changed = tx.execute(
+                update(KEYS)
+                .where(KEYS.c.key_id == key_id, KEYS.c.revoked_at.is_(None))
                 .values(revoked_at=utcnow())
-                .returning(ApiKey.key_id)
+                .returning(KEYS.c.key_id)
             )
             newly = changed.first() is not None
-            found = await session.get(ApiKey, key_id)
-            return None if found is None else Revoked(found, already=not newly)
+            found = tx.execute(select(KEYS).where(KEYS.c.key_id == key_id)).first()
+            return None if found is None else Revoked(ApiKey(**found._mapping), already=not newly)
+
+        return await self.writes.run(write)
 
 
 class KeyCache:

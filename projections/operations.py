@@ -14,7 +14,7 @@ from sqlalchemy import Select, and_, case, delete, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.domain.lifecycle import TERMINAL, ErrorKind, JobState
-from projections.engines import transaction
+from projections.group_commit import GroupCommit, WriteTx
 from projections.models import (
     AttemptRecord,
     Batch,
@@ -120,16 +120,17 @@ class StorageArchived:
     provider_batches: int
 
 
-async def _count(session: AsyncSession, rows: Select[Any]) -> int:
+def _count(tx: WriteTx, rows: Select[Any]) -> int:
     counted = select(func.count()).select_from(rows.subquery())
-    return int((await session.execute(counted)).scalar() or 0)
+    return int(tx.execute(counted).scalar() or 0)
 
 
 class Operations:
     """What an operator reads and does across orgs (`JobStore.operations`)."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
         self.sessions = sessions
+        self.writes = writes
 
     async def spared_calls(self, job_ids: list[str]) -> dict[str, int]:
         """Of these jobs, the calls a 429 refused (each spent no attempt), where any did."""
@@ -336,69 +337,69 @@ class Operations:
         transaction holds the write lock briefly; the scheduled retention calls this until a
         batch comes back short."""
         old = and_(Job.state.in_(TERMINAL), Job.finished_at.is_not(None), Job.finished_at < before)
-        async with transaction(self.sessions) as session:
-            await exclude_writers_of_prompts(session)
+
+        def write(tx: WriteTx) -> Archived:
+            exclude_writers_of_prompts(tx)
             if batch is None:
                 chosen: Any = old
             else:
                 oldest = select(Job.job_id).where(old).order_by(Job.finished_at, Job.job_id)
-                ids = list((await session.execute(oldest.limit(batch))).scalars())
+                ids = list(tx.execute(oldest.limit(batch)).scalars())
                 chosen = Job.job_id.in_(ids)
             old_jobs = select(Job.job_id).where(chosen)
             kept_prompts = select(Job.prompt_id).where(not_(chosen))
             gone_prompts = select(Job.prompt_id).where(chosen, Job.prompt_id.not_in(kept_prompts))
             counts = Archived(
-                jobs=await _count(session, old_jobs),
-                events=await _count(
-                    session, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))
-                ),
-                prompts=await _count(session, gone_prompts.distinct()),
-                responses=await _count(
-                    session,
+                jobs=_count(tx, old_jobs),
+                events=_count(tx, select(JobEvent.id).where(JobEvent.job_id.in_(old_jobs))),
+                prompts=_count(tx, gone_prompts.distinct()),
+                responses=_count(
+                    tx,
                     select(Response.response_id).where(Response.prompt_id.in_(gone_prompts)),
                 ),
                 dry_run=dry_run,
             )
             if not dry_run:
-                await session.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
-                await session.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
-                await session.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
-                await session.execute(
-                    delete(AttemptRecord).where(AttemptRecord.job_id.in_(old_jobs))
-                )
-                await session.execute(delete(DeferredJob).where(DeferredJob.job_id.in_(old_jobs)))
-                await session.execute(delete(Job).where(chosen))
+                tx.execute(delete(Response).where(Response.prompt_id.in_(gone_prompts)))
+                tx.execute(delete(JobEvent).where(JobEvent.job_id.in_(old_jobs)))
+                tx.execute(delete(JobOutput).where(JobOutput.job_id.in_(old_jobs)))
+                tx.execute(delete(AttemptRecord).where(AttemptRecord.job_id.in_(old_jobs)))
+                tx.execute(delete(DeferredJob).where(DeferredJob.job_id.in_(old_jobs)))
+                tx.execute(delete(Job).where(chosen))
                 orphan = ~select(Job.job_id).where(Job.prompt_id == Prompt.prompt_id).exists()
                 orphans = select(Prompt.prompt_id).where(orphan)
                 # A chain's edges to or from a removed prompt go with it; a child's `after` keeps
                 # the id, which no longer resolves (as `supersedes` does).
-                await session.execute(
+                tx.execute(
                     delete(PromptParent).where(
                         PromptParent.prompt_id.in_(orphans) | PromptParent.parent_id.in_(orphans)
                     )
                 )
-                await session.execute(delete(Prompt).where(orphan))
-        return counts
+                tx.execute(delete(Prompt).where(orphan))
+            return counts
+
+        return await self.writes.run(write)
 
     async def archive_storage(self, *, before: datetime) -> StorageArchived:
         """Remove what the OpenAI routes and provider batches keep, made before `before`:
         `/v1/batches` that are over, with their lines (their jobs go by `archive`, their
         output and error files with the files); files, except the input of a batch not yet
         over; and provider batches that are over and hold no job any more."""
-        async with transaction(self.sessions) as session:
+
+        def write(tx: WriteTx) -> StorageArchived:
             old_batches = select(Batch.batch_id).where(
                 Batch.status.not_in(ACTIVE), Batch.created_at < before
             )
-            batches = await _count(session, old_batches)
-            await session.execute(delete(BatchLine).where(BatchLine.batch_id.in_(old_batches)))
-            await session.execute(delete(Batch).where(Batch.batch_id.in_(old_batches)))
+            batches = _count(tx, old_batches)
+            tx.execute(delete(BatchLine).where(BatchLine.batch_id.in_(old_batches)))
+            tx.execute(delete(Batch).where(Batch.batch_id.in_(old_batches)))
             in_use = select(Batch.input_file_id).where(Batch.status.in_(ACTIVE))
             old_files = select(StoredFile.file_id).where(
                 StoredFile.created_at < before, StoredFile.file_id.not_in(in_use)
             )
-            files = await _count(session, old_files)
-            await session.execute(delete(FileChunk).where(FileChunk.file_id.in_(old_files)))
-            await session.execute(delete(StoredFile).where(StoredFile.file_id.in_(old_files)))
+            files = _count(tx, old_files)
+            tx.execute(delete(FileChunk).where(FileChunk.file_id.in_(old_files)))
+            tx.execute(delete(StoredFile).where(StoredFile.file_id.in_(old_files)))
             holding = select(DeferredJob.job_id).where(
                 DeferredJob.batch_id == ProviderBatch.batch_id
             )
@@ -407,11 +408,11 @@ class Operations:
                 ProviderBatch.created_at < before,
                 ~holding.exists(),
             )
-            provider_batches = await _count(
-                session, select(ProviderBatch.batch_id).where(old_provider)
-            )
-            await session.execute(delete(ProviderBatch).where(old_provider))
-        return StorageArchived(files, batches, provider_batches)
+            provider_batches = _count(tx, select(ProviderBatch.batch_id).where(old_provider))
+            tx.execute(delete(ProviderBatch).where(old_provider))
+            return StorageArchived(files, batches, provider_batches)
+
+        return await self.writes.run(write)
 
     async def archive_in_batches(
         self,

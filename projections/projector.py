@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, select, text, update
@@ -255,9 +255,13 @@ class Projector:
         self,
         sessions: async_sessionmaker[AsyncSession],
         on_commit: Callable[[], None] | None = None,
+        *,
+        budget_window: timedelta = budgets.WINDOW,
     ) -> None:
         self.sessions = sessions
         self.on_commit = on_commit
+        # The window the providers' limits count over (PROMPTJOBS_BUDGET_WINDOW_S).
+        self.budget_window = budget_window
         # Shared by every writer in this process (the job store's submits too).
         self.writes = GroupCommit(sessions)
 
@@ -337,7 +341,7 @@ class Projector:
                 )
                 draw = draw_of(seen, prompt) if startable else None
                 if draw is not None:
-                    room = budgets.check(tx, job_id, draw, now)
+                    room = budgets.check(tx, job_id, draw, now, self.budget_window)
                     if isinstance(room, BudgetWait):
                         return Applied(False, seen.state, seen.attempt, budget_wait=room)
                     if isinstance(room, budgets.Probe):
@@ -348,7 +352,7 @@ class Projector:
             def drawn() -> None:
                 """The call starts: its draw is taken, its probe claimed."""
                 if draw is not None and drew:
-                    budgets.take(tx, job_id, attempt, draw, now)
+                    budgets.take(tx, job_id, attempt, draw, now, self.budget_window)
                 elif draw is not None:
                     budgets.stop_waiting(tx, job_id)  # it may have waited for a probe
                 if draw is not None and probe:
@@ -466,9 +470,7 @@ def share_prompts_with_archive(tx: WriteTx) -> None:
         tx.execute(text("SELECT pg_advisory_xact_lock_shared(:key)"), {"key": PROMPT_ARCHIVE_LOCK})
 
 
-async def exclude_writers_of_prompts(session: AsyncSession) -> None:
+def exclude_writers_of_prompts(tx: WriteTx) -> None:
     """Archive's side of `PROMPT_ARCHIVE_LOCK` (SQLite's write lock already excludes all)."""
-    if session.get_bind().dialect.name == "postgresql":
-        await session.execute(
-            text("SELECT pg_advisory_xact_lock(:key)"), {"key": PROMPT_ARCHIVE_LOCK}
-        )
+    if tx.postgresql:
+        tx.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PROMPT_ARCHIVE_LOCK})

@@ -45,12 +45,12 @@ class JobStore(JobWrites, JobReads, DispatchScans):
     def __init__(self, sessions: async_sessionmaker[AsyncSession], projector: Projector) -> None:
         self.sessions = sessions
         self.projector = projector
-        self.keys = KeyStore(sessions)
-        self.workers = WorkerRegistry(sessions)
-        self.chains = ChainStore(sessions)
-        self.orgs = OrgShares(sessions)
-        self.budgets = Budgets(sessions, projector.writes)
-        self.operations = Operations(sessions)
+        self.keys = KeyStore(sessions, projector.writes)
+        self.workers = WorkerRegistry(sessions, projector.writes)
+        self.chains = ChainStore(sessions, projector.writes)
+        self.orgs = OrgShares(sessions, projector.writes)
+        self.budgets = Budgets(sessions, projector.writes, projector.budget_window)
+        self.operations = Operations(sessions, projector.writes)
         self.files = FileStore(sessions, projector.writes)
         self.batches = BatchStore(sessions, projector.writes)
         self.provider_batches = ProviderBatches(sessions, projector.writes)

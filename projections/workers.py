@@ -6,9 +6,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.models import WorkerProcess
+from projections.group_commit import GroupCommit, WriteTx
+from projections.models import Base, WorkerProcess
+
+WORKERS = Base.metadata.tables[WorkerProcess.__tablename__]
 
 
 def utcnow() -> datetime:
@@ -18,8 +23,9 @@ def utcnow() -> datetime:
 class WorkerRegistry:
     """The worker processes' rows (`JobStore.workers`)."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
         self.sessions = sessions
+        self.writes = writes
 
     async def heartbeat(
         self,
@@ -32,14 +38,14 @@ class WorkerRegistry:
         """Record that `identity` is alive now (or, with `stopped`, that it shut down). Only
         the worker itself writes its row, so a read-then-write cannot race."""
         now = utcnow()
-        async with self.sessions() as session, session.begin():
-            row = await session.get(WorkerProcess, identity)
-            if row is None:
-                row = WorkerProcess(identity=identity, started_at=started_at, config=config)
-                session.add(row)
-            row.heartbeat_at = now
-            row.config = config
-            row.stopped_at = now if stopped else None
+        beat = {"heartbeat_at": now, "config": config, "stopped_at": now if stopped else None}
+
+        def write(tx: WriteTx) -> None:
+            dialect_insert = pg_insert if tx.postgresql else sqlite_insert
+            row = dialect_insert(WORKERS).values(identity=identity, started_at=started_at, **beat)
+            tx.execute(row.on_conflict_do_update(index_elements=["identity"], set_=beat))
+
+        await self.writes.run(write)
 
     async def since(self, since: datetime) -> list[WorkerProcess]:
         """Workers that beat since `since`, the most recent first."""

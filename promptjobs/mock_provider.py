@@ -157,10 +157,6 @@ class ChatCall:
         return Script.parse(found.group(1)) if found else Script()
 
 
-# The window a per-minute limit counts over, as OpenAI and Anthropic count theirs.
-WINDOW_S = 60.0
-
-
 class Limits(BaseModel):
     """The mock's rate limits: requests and tokens (input and output words, counted when the
     request arrives) per sliding minute; None is no limit."""
@@ -169,6 +165,9 @@ class Limits(BaseModel):
 
     rpm: int | None = Field(default=None, ge=1, description="Requests per sliding minute")
     tpm: int | None = Field(default=None, ge=1, description="Tokens per sliding minute")
+    # The window a per-minute limit counts over, as OpenAI and Anthropic count theirs; a
+    # test shortens it (with PROMPTJOBS_BUDGET_WINDOW_S) to run many windows in seconds.
+    window_s: float = Field(default=60.0, gt=0, description="The sliding minute, in seconds")
 
 
 @dataclass(frozen=True)
@@ -182,7 +181,8 @@ class Verdict:
 
 
 class SlidingMinute:
-    """The requests let through in the last WINDOW_S, with their tokens, against `limits`."""
+    """The requests let through in the last window (`limits.window_s`), with their tokens,
+    against `limits`."""
 
     def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
         self.limits = limits
@@ -194,7 +194,7 @@ class SlidingMinute:
 
     def admit(self, input_tokens: int, output_tokens: int) -> Verdict:
         now = self.clock()
-        while self.window and self.window[0][0] <= now - WINDOW_S:
+        while self.window and self.window[0][0] <= now - self.limits.window_s:
             self.window.popleft()
         self.requests += 1
         rpm, tpm = self.limits.rpm, self.limits.tpm
@@ -222,20 +222,20 @@ class SlidingMinute:
         """Seconds until what the window holds weighs at most `most` (forever: a request
         larger than the whole limit, which the retry-after of a whole minute stands for)."""
         if most < 0:
-            return WINDOW_S
+            return self.limits.window_s
         held = sum(weight(e) for e in self.window)
         for entry in self.window:
             held -= weight(entry)
             if held <= most:
                 break
         else:
-            return WINDOW_S  # not reached: an empty window holds nothing
-        return max(entry[0] + WINDOW_S - now, 0.001)
+            return self.limits.window_s  # not reached: an empty window holds nothing
+        return max(entry[0] + self.limits.window_s - now, 0.001)
 
     def _headers(self, now: float) -> dict[str, str]:
         """Both APIs' rate-limit headers: each limit, what is left of it, and when it is whole
         again (the newest request leaves the window)."""
-        full_in = self.window[-1][0] + WINDOW_S - now if self.window else 0.0
+        full_in = self.window[-1][0] + self.limits.window_s - now if self.window else 0.0
         rpm, tpm = self.limits.rpm, self.limits.tpm
         used, used_in, used_out = self._used()
         families = []
@@ -264,7 +264,7 @@ class SlidingMinute:
 
     def describe(self) -> dict[str, Any]:
         now = self.clock()
-        while self.window and self.window[0][0] <= now - WINDOW_S:
+        while self.window and self.window[0][0] <= now - self.limits.window_s:
             self.window.popleft()
         return {
             **self.limits.model_dump(),

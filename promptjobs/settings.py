@@ -97,6 +97,11 @@ class Settings(BaseSettings):
     rate_limit_default_s: float = 60.0
     """Delay after a `rate_limit` when the provider sent no `Retry-After`."""
 
+    budget_window_s: float = Field(default=60.0, gt=0, le=3600)
+    """The window, in seconds, a provider budget's limits count over: OpenAI's and
+    Anthropic's are per minute (60). A budget's `rpm` and `tpm` (`promptjobs budgets set`)
+    are requests and tokens per this window; every process of a deployment sets the same."""
+
     max_jobs_per_prompt: int = Field(default=50, ge=1)
     """Jobs one prompt may have, retries included: a retry past it is a `409 retry_limit`
     (submit the prompt again as a new one). Keeps every read of a prompt bounded."""

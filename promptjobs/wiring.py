@@ -9,6 +9,7 @@ import shlex
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,7 +81,11 @@ async def open_projection(
             poll_interval_s=settings.sse_poll_interval_s,
             key_check_s=settings.sse_key_check_s,
         )
-    projector = Projector(sessions, on_commit=feed.notify if feed is not None else None)
+    projector = Projector(
+        sessions,
+        on_commit=feed.notify if feed is not None else None,
+        budget_window=timedelta(seconds=settings.budget_window_s),
+    )
     store = JobStore(sessions, projector)
     if feed is not None:
         feed.attach(store.events_after, store.latest_event_id, store.keys.live_ids)

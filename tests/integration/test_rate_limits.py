@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +71,36 @@ WINDOW_S = 4.0
 
 
 @pytest.fixture
-def short_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mock_provider, "WINDOW_S", WINDOW_S)
-    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=WINDOW_S))
+async def short_window_stack(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    """A stack whose provider budgets count over a window of WINDOW_S."""
+    settings = make_settings(tmp_path, budget_window_s=WINDOW_S)
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
+@pytest.fixture
+async def one_second_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
+    """A stack whose provider budgets count over a window of 1 s."""
+    settings = make_settings(tmp_path, budget_window_s=1.0)
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
 
 
 @asynccontextmanager
-async def limited_mock(**limits: int) -> AsyncIterator[MockProviderServer]:
-    """A mock provider of its own, enforcing `limits` (rpm, tpm) from its first request."""
+async def limited_mock(**limits: float) -> AsyncIterator[MockProviderServer]:
+    """A mock provider of its own, enforcing `limits` (rpm, tpm) from its first request,
+    over a window of WINDOW_S."""
     port = free_port()
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         mock_provider.run_mock_provider(
-            "127.0.0.1", port, stop=stop, on_ready=ready.set, limits=mock_provider.Limits(**limits)
+            "127.0.0.1",
+            port,
+            stop=stop,
+            on_ready=ready.set,
+            limits=mock_provider.Limits(window_s=WINDOW_S, **limits),
         )
     )
     await asyncio.wait_for(ready.wait(), 10)
@@ -115,12 +132,13 @@ async def burst(stack: Stack, provider: str, jobs: int, **body: Any) -> list[dic
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-@pytest.mark.usefixtures("short_window")
 async def test_a_burst_past_the_limit_waits_for_the_budget_instead_of_failing(
     dev_server: WorkflowEnvironment, tmp_path: Path, provider: str
 ) -> None:
     async with limited_mock(rpm=3) as mock:
-        settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2)
+        settings = provider_settings(
+            tmp_path, mock, dispatcher_interval_s=0.2, budget_window_s=WINDOW_S
+        )
         async with running_stack(settings, dev_server.client) as stack:
             await stack.projection.store.budgets.set_limits(
                 f"{provider}/gpt-test", 3, None, datetime.now(UTC)
@@ -137,14 +155,15 @@ async def test_a_burst_past_the_limit_waits_for_the_budget_instead_of_failing(
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-@pytest.mark.usefixtures("short_window")
 async def test_a_cold_burst_learns_the_limits_from_the_first_answer(
     dev_server: WorkflowEnvironment, tmp_path: Path, provider: str
 ) -> None:
     # No budget configured: the first call goes alone, and its answer's headers set the
     # budget every other call then draws on.
     async with limited_mock(rpm=3, tpm=100_000) as mock:
-        settings = provider_settings(tmp_path, mock, dispatcher_interval_s=0.2)
+        settings = provider_settings(
+            tmp_path, mock, dispatcher_interval_s=0.2, budget_window_s=WINDOW_S
+        )
         async with running_stack(settings, dev_server.client) as stack:
             settled = await burst(stack, provider, 7, max_attempts=1)
             [budget] = await stack.projection.store.budgets.standing(datetime.now(UTC))
@@ -317,14 +336,14 @@ async def test_a_429_pauses_the_budget_and_costs_the_job_no_attempt(
     assert [c["step"] for c in calls] == [429, 429, "ok"]
 
 
-@pytest.mark.usefixtures("short_window")
 async def test_under_a_binding_budget_urgent_work_goes_first_and_old_work_is_not_starved(
-    dev_server: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     # One request a window of 1 s (each draw counts 1.5 s with its margin), on the fake
     # provider, set by the operator; a priority point is worth 20 ms of waiting.
-    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=1))
-    settings = make_settings(tmp_path, dispatcher_interval_s=0.2, priority_aging_s=0.02)
+    settings = make_settings(
+        tmp_path, dispatcher_interval_s=0.2, priority_aging_s=0.02, budget_window_s=1.0
+    )
     async with running_stack(settings, dev_server.client) as stack:
         await stack.projection.store.budgets.set_limits("fake/fake-1", 1, None, datetime.now(UTC))
         filler = await stack.submit("takes the first room")
@@ -358,8 +377,10 @@ async def test_under_a_binding_budget_urgent_work_goes_first_and_old_work_is_not
     assert all(started(old) < started(job) for job in later)
 
 
-@pytest.mark.usefixtures("short_window")
-async def test_operators_set_and_read_budgets_and_a_waiting_job_says_why(stack: Stack) -> None:
+async def test_operators_set_and_read_budgets_and_a_waiting_job_says_why(
+    short_window_stack: Stack,
+) -> None:
+    stack = short_window_stack
     said = (await cli(stack, "budgets", "set", "fake/fake-1", "--rpm", "1")).output
     assert "fake/fake-1: at most 1 requests a minute, fleet-wide" in said
     first = await stack.submit("takes the room", options={"fake": {"latency_ms": 10}})
@@ -423,12 +444,11 @@ async def test_a_job_larger_than_its_budgets_minute_is_refused_at_submission(sta
 
 
 async def test_under_a_binding_budget_an_org_that_just_used_it_yields_to_another(
-    dev_server: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
     # Two requests a window of 1 s, on the fake provider. Org A bursts 10 jobs: 2 run, 8
     # wait. Org B's job, submitted after them, goes before A's waiting ones.
-    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=1))
-    settings = make_settings(tmp_path, dispatcher_interval_s=0.2)
+    settings = make_settings(tmp_path, dispatcher_interval_s=0.2, budget_window_s=1.0)
     async with (
         running_stack(settings, dev_server.client) as stack,
         stack.as_user(await stack.key("org-a", "ann")) as a,
@@ -463,11 +483,11 @@ async def test_under_a_binding_budget_an_org_that_just_used_it_yields_to_another
 
 
 async def test_an_orgs_token_quota_spaces_its_calls_over_the_minute(
-    stack: Stack, monkeypatch: pytest.MonkeyPatch
+    one_second_stack: Stack,
 ) -> None:
     # A window of 1 s. The fake provider has no budget; acme's quota of 100 tokens a window
     # holds one call's reservation (its estimate, at most the quota) at a time.
-    monkeypatch.setattr(budgets, "WINDOW", timedelta(seconds=1))
+    stack = one_second_stack
     said = (await cli(stack, "orgs", "limit", "acme", "--tpm", "100")).output
     assert "acme: at most 100 tokens a minute on provider budgets" in said
     [acme] = [o for o in await cli_json(stack, "orgs", "list") if o["org"] == "acme"]

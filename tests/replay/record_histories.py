@@ -206,11 +206,8 @@ async def org_slot_wait(stack: Stack, _env: WorkflowEnvironment) -> str:
 
 
 async def budget_wait(stack: Stack, _env: WorkflowEnvironment) -> str:
-    """Its provider budget takes one request a window (the window shortened to 2 s): the
+    """Its provider budget takes one request a window (shortened to 2 s for it, below): the
     second job is refused (provider_busy), waits for its room, then runs."""
-    from projections import budgets
-
-    budgets.WINDOW = timedelta(seconds=2)
     await stack.projection.store.budgets.set_limits("fake/fake-1", 1, None, datetime.now(UTC))
     async with new_worker(stack.settings, stack.client, stack.projection):
         first = await stack.submit("takes the room")
@@ -365,6 +362,7 @@ async def record(names: list[str], version: str = VERSION) -> None:
                     openai_api_key="mock-key",
                     batch_max_wait_s=0.5,
                     batch_poll_s=0.3,
+                    budget_window_s=2.0 if name == "budget_wait" else 60.0,
                 )
                 async with running_stack(settings, env.client, run_worker=False) as stack:
                     job_id = await SCENARIOS[name](stack, env)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import update
 
-from projections.engines import transaction
 from projections.errors import NotFound
 from projections.models import ApiKey
 from projections.scope import Scope
@@ -30,8 +29,6 @@ async def test_no_api_key_can_be_an_operator(projection: Projection) -> None:
     with pytest.raises(ValueError):
         await projection.store.keys.create("acme", "mallory", "operator")
     issued = await projection.store.keys.create("acme", "mallory", "admin")
-    async with transaction(projection.sessions) as session:
-        await session.execute(
-            update(ApiKey).where(ApiKey.key_id == issued.key_id).values(role="operator")
-        )
+    edit = update(ApiKey).where(ApiKey.key_id == issued.key_id).values(role="operator")
+    await projection.projector.writes.run(lambda tx: tx.execute(edit))
     assert await projection.store.keys.authenticate(issued.secret) is None

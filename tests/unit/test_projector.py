@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import UTC, datetime
 
 import pytest
@@ -15,8 +16,8 @@ from projections.domain.lifecycle import (
     JobState,
     is_allowed,
 )
-from projections.engines import transaction
 from projections.errors import InvalidState
+from projections.group_commit import WriteTx
 from projections.ids import response_id_for
 from projections.models import Job, Response
 from projections.projector import Transition
@@ -176,16 +177,15 @@ async def test_reads_do_not_wait_for_an_open_write(projection: Projection) -> No
     """A poll, an SSE query or an API key lookup reads while a write transaction is open;
     only a second writer queues behind it (SQLite: BEGIN IMMEDIATE for writes only)."""
     job = await queued_job(projection)
-    writing, release = asyncio.Event(), asyncio.Event()
+    writing, release = threading.Event(), threading.Event()
 
-    async def slow_write() -> None:
-        async with transaction(projection.sessions) as session:
-            await session.execute(update(Job).values(priority=7, updated_at=LONG_AGO))
-            writing.set()
-            await release.wait()
+    def slow_write(tx: WriteTx) -> None:
+        tx.execute(update(Job).values(priority=7, updated_at=LONG_AGO))
+        writing.set()
+        release.wait(10)
 
-    writer = asyncio.create_task(slow_write())
-    await writing.wait()
+    writer = asyncio.create_task(projection.projector.writes.run(slow_write))
+    assert await asyncio.to_thread(writing.wait, 10)
     try:
         read = await asyncio.wait_for(projection.store.job(ALICE, job.job_id), timeout=5)
         assert read.priority == 50  # the open write is not visible yet
