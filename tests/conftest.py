@@ -110,6 +110,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("database_url", BOTH_DATABASES if both else ["sqlite"], indirect=True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The full suite runs on several workers (`./run test`: pytest-xdist, `--dist
+    loadgroup`). Every test on the shared PostgreSQL server is of one group, run by one
+    worker in turn: each worker has a database of its own, but a transaction open in one
+    holds back the event horizon (pg_snapshot_xmin) of the whole server, which another
+    worker's reads would wait on."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if item.get_closest_marker("postgres") or {"pg_database", "fresh_pg_database"} & set(
+            fixtures
+        ):
+            item.add_marker(pytest.mark.xdist_group("postgresql"))
+
+
 @pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if getattr(request, "param", "sqlite") == "sqlite":
@@ -393,7 +407,10 @@ def cli_env(stack: Stack, **overrides: str) -> dict[str, str]:
         "PROMPTJOBS_TEMPORAL_TASK_QUEUE": stack.settings.temporal_task_queue,
         "PROMPTJOBS_DATA_DIR": str(stack.settings.data_dir),
         "PROMPTJOBS_ORG_MAX_RUNNING": str(stack.settings.org_max_running),
+        "PROMPTJOBS_BUDGET_WINDOW_S": str(stack.settings.budget_window_s),
         "PROMPTJOBS_FAKE_ADAPTER": "true",
+        # Tables as wide as a terminal of 200 columns, wherever the tests run.
+        "COLUMNS": "200",
         **overrides,
     }
 

@@ -76,15 +76,16 @@ def most_at_once(jobs: list[dict[str, Any]]) -> int:
 async def test_one_orgs_slow_burst_does_not_delay_another_orgs_job(
     dev_server: WorkflowEnvironment, tmp_path: Path
 ) -> None:
-    # A worker of 20 slots. Without a limit org A's 200 jobs of 20 s would hold all 20, and
-    # org B's job would wait until one of them ended.
+    # A worker of 20 slots. Without a limit org A's 200 jobs of 2 min would hold all 20, and
+    # org B's job would wait until one of them ended (they are cancelled, below, long before:
+    # so long only that none ends first on a loaded machine).
     settings = make_settings(tmp_path, worker_max_concurrent_activities=20, org_max_running=10)
     async with (
         running_stack(settings, dev_server.client) as stack,
         stack.as_user(await stack.key("org-a", "ann", "admin")) as a,
         stack.as_user(await stack.key("org-b", "bob")) as b,
     ):
-        burst = [await submit(a, f"a{i}", 20_000) for i in range(200)]
+        burst = [await submit(a, f"a{i}", 120_000) for i in range(200)]
         await eventually(
             lambda: rows(a, burst),
             lambda now: sum(job["state"] == "running" for job in now) == 10,
