@@ -29,6 +29,7 @@ from activities.adapters.base import (
     InvalidOptions,
     StreamedOutput,
 )
+from activities.adapters.options import options_of
 from activities.budgets import WorkerBudgets, estimate_tokens
 from activities.contracts import (
     ATTEMPT_REPORTED,
@@ -54,7 +55,7 @@ from projections.domain.lifecycle import (
     JobState,
 )
 from projections.errors import database_unavailable
-from projections.models import Job, Prompt, job_options
+from projections.models import Job, Prompt
 from projections.projector import Projector
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
@@ -100,12 +101,14 @@ async def adapter_request(
         # A chain's child runs with its parents' answers in place of the placeholders.
         answers = await store.chains.parent_answers(prompt.after)
         text = substitute(text, prompt.after, answers)
+    options, unrunnable = options_of(job, prompt)
     return AdapterRequest(
         job_id=job.job_id,
         prompt_id=prompt.prompt_id,
         prompt=text,
         attempt=attempt,
-        options=job_options(job, prompt),
+        options=options,
+        unrunnable=unrunnable,
     )
 
 
@@ -175,8 +178,8 @@ class AttemptMeter:
         given_out = result.output_tokens if result else output.output_tokens
         estimated = output.usage_estimated or bool(result and result.usage_estimated)
         if given_in is None:
-            system = str(options.get("system") or "")
-            given_in, estimated = estimate_tokens(system + self.request.prompt), True
+            given_in = estimate_tokens((options.system or "") + self.request.prompt)
+            estimated = True
         if given_out is None:
             given_out, estimated = estimate_tokens(output.text), True
         first = output.first_delta_at
@@ -265,7 +268,7 @@ class Attempt:
         except AdapterError as err:
             usage = meter.usage(err.kind.value)
             if err.kind is ErrorKind.RATE_LIMIT and self.call.budget:
-                raise await self._paused(err, stream, usage) from err
+                raise await self._paused(err, request, stream, usage) from err
             await self._ended(usage, stream)
             raise await self._failed(err, stream.unwritten(), usage) from err
         except asyncio.CancelledError:
@@ -404,7 +407,7 @@ class Attempt:
             started = time.monotonic()
             outcome = "ok"
             try:
-                adapter = adapters.get(request.options)
+                adapter = adapters.check(request)
                 return await adapter.complete(request, output)
             except AdapterError as err:
                 outcome = err.kind.value
@@ -434,7 +437,7 @@ class Attempt:
                 )
 
     async def _paused(
-        self, err: AdapterError, stream: AttemptStream, usage: AttemptUsage
+        self, err: AdapterError, request: AdapterRequest, stream: AttemptStream, usage: AttemptUsage
     ) -> ApplicationError:
         """The provider answered 429: its budget pauses for every worker until its
         Retry-After (else the policy's rate-limit wait), and the job waits queued for it
@@ -443,9 +446,7 @@ class Attempt:
         gave the fake a budget), so one test job does not stall every other."""
         call, tools = self.call, self.tools
         name = self.budget
-        shared = self.draw is not None or tools.adapters.learns_limits(
-            job_options(self.job, self.prompt)
-        )
+        shared = self.draw is not None or tools.adapters.learns_limits(request.options)
         wait_s = (
             err.retry_after_s
             if err.retry_after_s is not None

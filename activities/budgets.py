@@ -9,16 +9,15 @@ the adapter's default, else the typical answer this worker has seen on the budge
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from activities.adapters.base import AdapterRegistry, ProviderLimits
+from activities.adapters.base import AdapterRegistry, InvalidOptions, ProviderLimits
+from activities.adapters.options import PromptOptions, options_of
 from activities.stale import AtMostEvery
 from projections.budgets import Budgets, Draw, budget_name
 from projections.errors import database_unavailable
-from projections.models import Job, Prompt, job_options
+from projections.models import Job, Prompt
 
 # About four characters a token (OpenAI's rule of thumb for English).
 CHARS_PER_TOKEN = 4
@@ -30,21 +29,22 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
-def answer_limit(adapters: AdapterRegistry, options: Mapping[str, Any]) -> int | None:
+def answer_limit(adapters: AdapterRegistry, options: PromptOptions) -> int | None:
     """The most tokens the answer may have: the job's `max_tokens`, else its adapter's
     default (None: the provider decides)."""
-    given = options.get("max_tokens")
-    if isinstance(given, int) and given > 0:
-        return given
-    default = getattr(adapters.get(options), "max_tokens", None)
+    if options.max_tokens:
+        return options.max_tokens
+    try:
+        default = getattr(adapters.get(options), "max_tokens", None)
+    except InvalidOptions:
+        return None  # no such provider here: its call fails, drawing nothing
     return default if isinstance(default, int) else None
 
 
-def least_tokens(adapters: AdapterRegistry, text: str, options: Mapping[str, Any]) -> int:
+def least_tokens(adapters: AdapterRegistry, text: str, options: PromptOptions) -> int:
     """What a call surely counts against a token limit: its prompt and system text, and its
     answer limit where it has one (providers count `max_tokens` when the request arrives)."""
-    system = str(options.get("system") or "")
-    return estimate_tokens(system + text) + (answer_limit(adapters, options) or 0)
+    return estimate_tokens((options.system or "") + text) + (answer_limit(adapters, options) or 0)
 
 
 @dataclass
@@ -88,13 +88,13 @@ class WorkerBudgets:
         return any(self._known.values()) or bool(self._quotas) or self.adapters.learning_limits()
 
     def name_of(self, job: Job, prompt: Prompt) -> str:
-        options = job_options(job, prompt)
+        options, _ = options_of(job, prompt)
         return budget_name(self.adapters.provider_of(options), self.adapters.model_of(options))
 
     def draw_of(self, job: Job, prompt: Prompt) -> Draw | None:
         """What the attempt reserves, if its provider and model may have a budget: one that
         binds, or none yet on a provider that says its limits (the call then probes them)."""
-        options = job_options(job, prompt)
+        options, _ = options_of(job, prompt)
         name = self.name_of(job, prompt)
         binds = self._known.get(name)
         learns = self.adapters.learns_limits(options) and (
@@ -112,7 +112,7 @@ class WorkerBudgets:
         )
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
-        options = job_options(job, prompt)
+        options, _ = options_of(job, prompt)
         least = least_tokens(self.adapters, prompt.text, options)
         if answer_limit(self.adapters, options) is not None:
             return least

@@ -8,10 +8,10 @@ from temporalio import activity
 
 from activities.adapters.base import AdapterRegistry, InvalidOptions
 from activities.adapters.batch import batch_api_of
+from activities.adapters.options import options_of
 from activities.contracts import DeferJob, Deferral
 from activities.outages import through_outages
 from projections.domain.lifecycle import JobState
-from projections.models import job_options
 from projections.store import JobStore
 
 # How a deferrable job that is not batched says why (on its attempt's `via`).
@@ -31,7 +31,7 @@ class DeferralActivities:
         job, prompt = await through_outages(
             "load job", lambda: self.store.job_and_prompt(defer.job_id)
         )
-        options = job_options(job, prompt)
+        options, _ = options_of(job, prompt)
         provider = self.adapters.provider_of(options)
         try:
             adapter = self.adapters.get(options)

@@ -25,6 +25,7 @@ from activities.adapters.batch import (
     UnreadableLine,
     batch_api_of,
 )
+from activities.adapters.options import PromptOptions
 from activities.attempt import adapter_request
 from activities.batch_line import LOST, BatchLine, settled_verdict, via_batch
 from activities.contracts import (
@@ -75,7 +76,7 @@ def gave_up_on(err: Exception) -> bool:
 
 def request_bytes(request: AdapterRequest) -> int:
     """About what one line of a batch takes: its text, its system text and the rest."""
-    system = str(request.options.get("system") or "")
+    system = request.options.system or ""
     return len(request.prompt.encode()) + len(system.encode()) + 512
 
 
@@ -98,7 +99,7 @@ class BatchActivities:
 
     def _api(self, batch: ProviderBatch) -> BatchAPI | None:
         try:
-            return batch_api_of(self.adapters.get({"provider": batch.provider}))
+            return batch_api_of(self.adapters.get(PromptOptions(provider=batch.provider)))
         except InvalidOptions:
             return None
 
@@ -175,7 +176,7 @@ class BatchActivities:
                 queued = True
                 request = await self._request(member)
                 try:
-                    self.adapters.validate(request.options)
+                    self.adapters.check(request)
                 except InvalidOptions as err:
                     # Its own call fails it, as `provider_4xx`, saying why.
                     await self._direct(member, f"{DIRECTLY}: {err}")

@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opentelemetry import trace
 
 from activities.adapters.base import AdapterRegistry
+from activities.adapters.options import PromptOptions
 from activities.budgets import least_tokens
 from projections import metrics
 from projections.budgets import OverBudget, budget_name
@@ -27,6 +28,15 @@ from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
 
 log = logging.getLogger("promptjobs.batches")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A submission that passed its rules, and its options as their model."""
+
+    submission: Submission
+    options: PromptOptions
+
 
 # How stale the budgets' token limits a submission is checked against may be.
 BUDGETS_READ_S = 5.0
@@ -54,25 +64,26 @@ class JobService:
         self._token_limits: dict[str, int] = {}
         self._budgets_read_at = -1e9
 
-    def check(self, submission: Submission) -> Submission:
-        """The submission as it will be recorded (the default attempts filled in), or the
-        Refused that says why it never could run: PromptTooLarge, InvalidOptions,
-        UnknownPlaceholder. The provider budget is `check_budget`'s (it reads the store)."""
+    def check(self, submission: Submission) -> Checked:
+        """The submission as it will be recorded (the default attempts filled in) and its
+        options parsed into their model, or the Refused that says why it never could run:
+        PromptTooLarge, InvalidOptions, UnknownPlaceholder. The provider budget is
+        `check_budget`'s (it reads the store)."""
         system = submission.options.get("system")
         check_size(
             submission.text, system if isinstance(system, str) else None, self.max_prompt_bytes
         )
-        self.validate_options(submission.options)
+        options = self.adapters.parse(submission.options)
         check_placeholders(submission.text, submission.after)
         if submission.max_attempts is None:
             submission = replace(submission, max_attempts=self.max_attempts_default)
-        return submission
+        return Checked(submission, options)
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions now rather than fail the job minutes later."""
         self.adapters.validate(options)
 
-    async def check_budget(self, text: str, options: Mapping[str, Any]) -> None:
+    async def check_budget(self, text: str, options: PromptOptions) -> None:
         """Raise OverBudget if the job's call alone needs more tokens than its provider budget
         has in a minute (the budgets' limits are read at most every BUDGETS_READ_S)."""
         if time.monotonic() - self._budgets_read_at >= BUDGETS_READ_S:
@@ -88,9 +99,9 @@ class JobService:
     async def submit(self, scope: Scope, submission: Submission) -> Submitted:
         """Check the submission (`check`, then its budget) and record the prompt and its
         queued job: the commit is the acceptance; the dispatcher starts its workflow."""
-        submission = self.check(submission)
-        await self.check_budget(submission.text, submission.options)
-        accepted = await self.store.submit(scope, submission)
+        checked = self.check(submission)
+        await self.check_budget(checked.submission.text, checked.options)
+        accepted = await self.store.submit(scope, checked.submission)
         # On the request's span (a no-op span while tracing is off).
         trace.get_current_span().set_attributes(
             {
@@ -113,8 +124,9 @@ class JobService:
         refused when the batch was validated; one over it now (a budget set meanwhile) is
         logged and accepted: the batch's lines are accepted whole."""
         for line in lines:
+            options = self.adapters.parse(line.submission.options)  # it passed `check`
             try:
-                await self.check_budget(line.submission.text, line.submission.options)
+                await self.check_budget(line.submission.text, options)
             except OverBudget as err:
                 log.warning("batch %s line %d: %s", batch.batch_id, line.line, err)
         return await self.store.batches.accept(batch, first, lines)

@@ -10,9 +10,9 @@ from typing import Any
 
 import anthropic
 from anthropic.types import MessageParam
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 
-from activities.adapters.base import AdapterRequest, StreamedOutput
+from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
 from activities.adapters.batch import (
     CLOCK_SLACK,
     BatchStatus,
@@ -23,7 +23,6 @@ from activities.adapters.batch import (
 )
 from activities.adapters.chat import (
     ChatAdapter,
-    ChatOptions,
     StreamedAnswer,
     chat_result,
     event_stream,
@@ -33,6 +32,7 @@ from activities.adapters.chat import (
     streamed_call,
     transport_failure,
 )
+from activities.adapters.options import PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
 
@@ -77,19 +77,6 @@ STREAM_ERRORS: dict[str, int] = {
     "timeout_error": 504,
     "overloaded_error": 529,
 }
-
-
-class AnthropicOptions(ChatOptions):
-    @field_validator("temperature")
-    @classmethod
-    def _no_temperature(cls, value: float | None) -> float | None:
-        # API version 2026-10-21 (the one SDK 2.x speaks) refuses every sampling parameter.
-        if value is not None:
-            raise ValueError(
-                "the Anthropic Messages API takes no temperature since API version "
-                "2026-10-21; leave it out"
-            )
-        return value
 
 
 class _Usage(BaseModel):
@@ -157,11 +144,10 @@ def read_stream_event(
         answer.finished = True
 
 
-class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
+class AnthropicMessagesAdapter(ChatAdapter):
     name = "anthropic"
     credential = "PROMPTJOBS_ANTHROPIC_API_KEY"
     default_base_url = "https://api.anthropic.com"
-    options_shape = AnthropicOptions
 
     def __init__(
         self,
@@ -174,6 +160,14 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
     ) -> None:
         super().__init__(api_key=api_key, base_url=base_url, timeout_s=timeout_s, model=model)
         self.max_tokens = max_tokens
+
+    def refuse(self, options: PromptOptions) -> None:
+        # API version 2026-10-21 (the one SDK 2.x speaks) refuses every sampling parameter.
+        if options.temperature is not None:
+            raise InvalidOptions(
+                "options.temperature: the Anthropic Messages API takes no temperature since API "
+                "version 2026-10-21; leave it out"
+            )
 
     @cached_property
     def client(self) -> anthropic.AsyncAnthropic:
@@ -189,7 +183,7 @@ class AnthropicMessagesAdapter(ChatAdapter[AnthropicOptions]):
     def params(self, request: AdapterRequest) -> dict[str, Any]:
         """The Messages request the job makes (without `stream`): one call's, or one
         request's of a message batch."""
-        options = self.options(request.options)
+        options = request.options
         messages: list[MessageParam] = [{"role": "user", "content": request.prompt}]
         params: dict[str, Any] = {
             "model": options.model or self.model,

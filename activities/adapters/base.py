@@ -9,6 +9,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from activities.adapters.options import PromptOptions
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import AttemptResult
 
@@ -21,7 +22,10 @@ class AdapterRequest:
     prompt_id: str
     prompt: str
     attempt: int
-    options: dict[str, Any] = field(default_factory=dict)
+    # Parsed once, from the job's stored JSON (`options_of`): the adapter reads its fields.
+    options: PromptOptions = field(default_factory=PromptOptions)
+    # Why stored options cannot run (`options_of`), if so: the call fails as provider_4xx.
+    unrunnable: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,9 @@ class Adapter(Protocol):
         """Whether a job could run on it now (its credential is set)."""
         ...
 
-    def validate(self, options: Mapping[str, Any]) -> None:
-        """Raise InvalidOptions if a job with these options could never run."""
+    def check(self, options: PromptOptions) -> None:
+        """Raise InvalidOptions if a job with these options (parsed) could never run here:
+        what this provider refuses of them, a missing credential."""
 
     async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
         """Call the provider once, streaming: hand each text delta to `output` as it arrives
@@ -171,13 +176,13 @@ class AdapterRegistry:
         """The providers this deployment can run now (a chat provider needs its credential)."""
         return sorted(name for name, adapter in self._adapters.items() if adapter.configured)
 
-    def provider_of(self, options: Mapping[str, Any]) -> str:
-        return str(options.get("provider") or self.default)
+    def provider_of(self, options: PromptOptions) -> str:
+        return options.provider or self.default
 
-    def model_of(self, options: Mapping[str, Any]) -> str:
+    def model_of(self, options: PromptOptions) -> str:
         """The model a job asks for: its options' own, else its provider's default."""
         adapter = self._adapters.get(self.provider_of(options))
-        return str(options.get("model") or (adapter.model if adapter else ""))
+        return options.model or (adapter.model if adapter else "")
 
     def split_model(self, name: str) -> tuple[str | None, str]:
         """`provider/model` as OpenAI-style clients name a model: (provider, model) when the
@@ -188,7 +193,7 @@ class AdapterRegistry:
             return provider, model
         return None, name
 
-    def get(self, options: Mapping[str, Any]) -> Adapter:
+    def get(self, options: PromptOptions) -> Adapter:
         name = self.provider_of(options)
         adapter = self._adapters.get(name)
         if adapter is None:
@@ -196,10 +201,26 @@ class AdapterRegistry:
             raise InvalidOptions(f"unknown provider {name!r}; use one of: {known}")
         return adapter
 
-    def validate(self, options: Mapping[str, Any]) -> None:
-        self.get(options).validate(options)
+    def parse(self, options: Mapping[str, Any]) -> PromptOptions:
+        """A job's options as its JSON says them, parsed once into their model and checked
+        against their provider; InvalidOptions names every bad field (`options.field: why`)."""
+        parsed = parse_options(PromptOptions, dict(options), "options")
+        self.get(parsed).check(parsed)
+        return parsed
 
-    def learns_limits(self, options: Mapping[str, Any]) -> bool:
+    def validate(self, options: Mapping[str, Any]) -> None:
+        """Raise InvalidOptions now rather than fail the job minutes later."""
+        self.parse(options)
+
+    def check(self, request: AdapterRequest) -> Adapter:
+        """The adapter that runs `request`, or InvalidOptions for why it cannot run."""
+        if request.unrunnable is not None:
+            raise InvalidOptions(request.unrunnable)
+        adapter = self.get(request.options)
+        adapter.check(request.options)
+        return adapter
+
+    def learns_limits(self, options: PromptOptions) -> bool:
         """Whether the job's provider says its rate limits in its answers (a chat provider;
         not the fake)."""
         adapter = self._adapters.get(self.provider_of(options))

@@ -11,12 +11,12 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TypeVar
 
-from pydantic import BaseModel, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, SecretStr, ValidationError
 
-from activities.adapters.base import InvalidOptions, StreamedOutput, parse_options
-from activities.adapters.options import FakeOptions, PromptOptions
+from activities.adapters.base import InvalidOptions, StreamedOutput
+from activities.adapters.options import PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
 
@@ -26,21 +26,7 @@ A = TypeVar("A", bound=BaseModel)
 DETAIL_LIMIT = 500
 
 
-class ChatOptions(PromptOptions):
-    """A job's `options` for a chat provider: the fake provider's behaviour is a mistake here."""
-
-    @field_validator("fake")
-    @classmethod
-    def _not_fake(cls, value: FakeOptions | None) -> FakeOptions | None:
-        if value is not None:
-            raise ValueError('only the fake provider takes it: remove it or use "provider": "fake"')
-        return value
-
-
-OptionsT = TypeVar("OptionsT", bound=ChatOptions)
-
-
-class ChatAdapter(Generic[OptionsT]):
+class ChatAdapter:
     """What the chat adapters share: where the provider is, the default model, the strict
     reading of a job's options, and the credential, checked at submission and at call."""
 
@@ -48,7 +34,6 @@ class ChatAdapter(Generic[OptionsT]):
     # The variable that sets the API key, named in the refusal when it is missing.
     credential: str
     default_base_url: str
-    options_shape: type[OptionsT]
     # Its answers carry the provider's rate limits (projections/budgets.py learns them).
     says_limits = True
 
@@ -64,13 +49,17 @@ class ChatAdapter(Generic[OptionsT]):
     def configured(self) -> bool:
         return self.api_key is not None
 
-    def validate(self, options: Mapping[str, Any]) -> None:
-        self.options(options)
+    def check(self, options: PromptOptions) -> None:
+        if options.fake is not None:
+            raise InvalidOptions(
+                'options.fake: only the fake provider takes it: remove it or use "provider": "fake"'
+            )
+        self.refuse(options)
         if self.api_key is None:
             raise InvalidOptions(self._missing_credential())
 
-    def options(self, options: Mapping[str, Any]) -> OptionsT:
-        return parse_options(self.options_shape, dict(options), "options")
+    def refuse(self, options: PromptOptions) -> None:
+        """Raise InvalidOptions for what this provider's API refuses of valid options."""
 
     def secret(self) -> str:
         """The API key for a call. Without one the call is `auth`, which is not retried."""

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Mapping
-from typing import Any
 
-from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput, parse_options
+from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
@@ -45,23 +43,18 @@ class FakeAdapter:
     def configured(self) -> bool:
         return self.enabled
 
-    def validate(self, options: Mapping[str, Any]) -> None:
+    def check(self, options: PromptOptions) -> None:
         if not self.enabled:
             raise InvalidOptions(
                 "the fake provider is off on this deployment: name a real provider in "
                 "options.provider (or set PROMPTJOBS_FAKE_ADAPTER=true where it should be on)"
             )
-        self._behaviour(options)
-
-    @staticmethod
-    def _behaviour(options: Mapping[str, Any]) -> FakeOptions:
-        return parse_options(PromptOptions, dict(options), "options").fake or FakeOptions()
 
     async def complete(self, request: AdapterRequest, output: StreamedOutput) -> AttemptResult:
         """Streams the answer a word at a time over `latency_ms`; an injected failure comes
         at the end of that time (after half the answer, for a failure that can cut a stream)."""
-        self.validate(request.options)
-        behaviour = self._behaviour(request.options)
+        self.check(request.options)
+        behaviour = request.options.fake or FakeOptions()
         text = fake_output(request.prompt)
         chunks = fake_chunks(text)
         pause_s = behaviour.latency_ms / 1000 / len(chunks)
@@ -97,7 +90,7 @@ class FakeAdapter:
         return AttemptResult(
             text=output.text,
             provider=self.name,
-            model=str(request.options.get("model") or self.model),
+            model=request.options.model or self.model,
             provider_request_id=None,
             finish_reason="stop",
             input_tokens=output.input_tokens,

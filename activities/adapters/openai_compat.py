@@ -26,7 +26,6 @@ from activities.adapters.batch import (
 )
 from activities.adapters.chat import (
     ChatAdapter,
-    ChatOptions,
     StreamedAnswer,
     chat_result,
     event_stream,
@@ -133,11 +132,10 @@ def read_chunk(chunk: ChatCompletionChunk, answer: StreamedAnswer, output: Strea
         )
 
 
-class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
+class OpenAICompatAdapter(ChatAdapter):
     name = "openai"
     credential = "PROMPTJOBS_OPENAI_API_KEY"
     default_base_url = "https://api.openai.com/v1"
-    options_shape = ChatOptions
 
     def __init__(
         self,
@@ -167,7 +165,7 @@ class OpenAICompatAdapter(ChatAdapter[ChatOptions]):
     def body(self, request: AdapterRequest) -> dict[str, Any]:
         """The chat completion request the job makes (without its streaming arguments): one
         call's, or one line's of a provider batch."""
-        options = self.options(request.options)
+        options = request.options
         messages: list[ChatCompletionMessageParam] = []
         if options.system:
             messages.append({"role": "system", "content": options.system})

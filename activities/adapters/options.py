@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 from pydantic_core import PydanticCustomError
 
 from projections.domain.lifecycle import ErrorKind
+from projections.models import Job, Prompt, job_options
 
 # PostgreSQL text cannot hold NUL; refuse it at the door instead of failing at the INSERT.
 NO_NUL = r"^[^\x00]*$"
@@ -59,3 +60,24 @@ class PromptOptions(BaseModel):
         "batch price (about half); it stays queued until its batch runs it. A provider "
         "without a batch API runs it directly",
     )
+
+
+def options_of(job: Job, prompt: Prompt) -> tuple[PromptOptions, str | None]:
+    """The options a job runs with, as their model, parsed once from its stored JSON (which
+    passed the same model at submission; a row from before migration 0004 has none of its
+    own, and ran with its prompt's), and None; or, for stored options this version no longer
+    takes, their provider and model alone and why the rest cannot run (the job's call then
+    fails as `provider_4xx`, saying so)."""
+    stored = job_options(job, prompt)
+    try:
+        return PromptOptions.model_validate(stored), None
+    except ValidationError as err:
+        provider, model = stored.get("provider"), stored.get("model")
+        why = "; ".join(
+            ".".join(["options", *(str(p) for p in e["loc"])]) + f": {e['msg']}"
+            for e in err.errors()
+        )
+        return PromptOptions.model_construct(
+            provider=provider if isinstance(provider, str) else None,
+            model=model if isinstance(model, str) and model else None,
+        ), why

@@ -131,7 +131,7 @@ class OpenAIBatchLines:
                         "a batch line is neither background nor streamed: leave it out",
                     )
                 submission = submission_of(request, self.jobs.adapters, in_batch=True)
-            return self.jobs.check(submission)
+            return self.jobs.check(submission).submission
         except ValidationError as err:
             first = err.errors()[0]
             param = param_of(("body", *first["loc"]))

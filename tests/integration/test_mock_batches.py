@@ -15,6 +15,7 @@ from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 
 from activities.adapters.batch import BATCH_TAG, batch_api_of
+from activities.adapters.options import PromptOptions
 from promptjobs.runtime import build_adapters
 from tests.conftest import MockProviderServer, eventually, provider_settings
 
@@ -147,7 +148,7 @@ async def test_a_tagged_openai_batch_is_found_behind_more_than_a_page_of_newer_o
 ) -> None:
     # The adapter's `find` pages back to the send's start: 120 newer batches do not hide it.
     registry = build_adapters(provider_settings(tmp_path, mock_provider))
-    api = batch_api_of(registry.get({"provider": "openai"}))
+    api = batch_api_of(registry.get(PromptOptions(provider="openai")))
     assert api is not None
     client = openai(mock_provider)
     tag = f"pbatch_{uuid.uuid4().hex}"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
+from activities.adapters.options import PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
 from promptjobs.runtime import build_adapters
@@ -31,9 +32,10 @@ async def complete(
     **settings: Any,
 ) -> AttemptResult:
     registry = build_adapters(provider_settings(tmp_path, mock, **settings))
-    options = {"provider": provider, **(options or {})}
-    request = AdapterRequest("job_test", "pmt_test", prompt, attempt=1, options=options)
-    return await registry.get(options).complete(request, output or StreamedOutput())
+    # Parsed, not checked: the adapter's own call is what these tests try.
+    parsed = PromptOptions.model_validate({"provider": provider, **(options or {})})
+    request = AdapterRequest("job_test", "pmt_test", prompt, attempt=1, options=parsed)
+    return await registry.get(parsed).complete(request, output or StreamedOutput())
 
 
 def recorded() -> tuple[StreamedOutput, list[str]]:

@@ -16,6 +16,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
+from activities.adapters.options import PromptOptions
 from projections.models import JobEvent
 from projections.scope import Scope
 from projections.writes import Submission
@@ -339,7 +340,7 @@ async def test_mock_provider_command_serves_until_terminated(tmp_path: Path) -> 
         settings = make_settings(
             tmp_path, openai_base_url=f"{url}/v1", openai_api_key="mock", provider_timeout_s=5
         )
-        adapter = build_adapters(settings).get({"provider": "openai"})
+        adapter = build_adapters(settings).get(PromptOptions(provider="openai"))
         result = await adapter.complete(
             AdapterRequest("job_cli", "pmt_cli", "ping", 1), StreamedOutput()
         )

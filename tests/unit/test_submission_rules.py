@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from activities.adapters.base import InvalidOptions
+from activities.adapters.options import PromptOptions
 from projections.budgets import OverBudget
 from projections.domain.chains import UnknownPlaceholder
 from projections.domain.errors import PromptTooLarge, Refused
@@ -47,8 +48,9 @@ async def test_a_submission_that_passes_gets_the_default_attempts(
     projection: Projection, tmp_path: Path
 ) -> None:
     jobs = rules(projection, tmp_path)
-    assert jobs.check(submission("é" * 32)).max_attempts == 4
-    assert jobs.check(submission(max_attempts=2)).max_attempts == 2
+    checked = jobs.check(submission("é" * 32, options={"provider": "fake", "max_tokens": 9}))
+    assert (checked.submission.max_attempts, checked.options.max_tokens) == (4, 9)
+    assert jobs.check(submission(max_attempts=2)).submission.max_attempts == 2
 
 
 async def test_the_size_counts_the_system_text_and_each_door_words_it(
@@ -77,7 +79,8 @@ async def test_options_and_placeholders_are_refused_saying_what_to_fix(
         jobs.check(submission(options={"provider": "nope"}))
     with pytest.raises(UnknownPlaceholder, match=r"\{\{after\[0\]\}\}"):
         jobs.check(submission("use {{after[0]}}"))
-    assert jobs.check(submission("use {{after[0]}}", after=("pmt_1",))).after == ("pmt_1",)
+    checked = jobs.check(submission("use {{after[0]}}", after=("pmt_1",)))
+    assert checked.submission.after == ("pmt_1",)
 
 
 async def test_a_job_over_its_provider_budget_alone_is_refused(
@@ -85,9 +88,10 @@ async def test_a_job_over_its_provider_budget_alone_is_refused(
 ) -> None:
     jobs = rules(projection, tmp_path)
     await projection.store.budgets.set_limits("fake/fake-1", None, 10, datetime.now(UTC))
-    await jobs.check_budget("short", {"provider": "fake"})
+    fake = PromptOptions(provider="fake")
+    await jobs.check_budget("short", fake)
     with pytest.raises(OverBudget) as over:
-        await jobs.check_budget("x" * 60, {"provider": "fake"})
+        await jobs.check_budget("x" * 60, fake)
     assert (over.value.budget, over.value.tpm) == ("fake/fake-1", 10)
 
 
