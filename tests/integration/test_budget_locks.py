@@ -43,9 +43,9 @@ async def test_an_orgs_token_quota_holds_across_its_budgets_when_two_attempts_st
 
     def first(tx: WriteTx) -> object:
         now = datetime.now(UTC)
-        room = budgets.check(tx, first_job, draw("openai/model-a"), now)
+        room = budgets.check(tx, first_job, draw("openai/model-a"), now, budgets.WINDOW)
         assert isinstance(room, Draw)
-        budgets.take(tx, first_job, 1, room, now)
+        budgets.take(tx, first_job, 1, room, now, budgets.WINDOW)
         first_drew.set()
         # Open until the second has checked, or long enough that it is surely blocked.
         second_checked.wait(2)
@@ -54,7 +54,8 @@ async def test_an_orgs_token_quota_holds_across_its_budgets_when_two_attempts_st
     def second(tx: WriteTx) -> object:
         assert first_drew.wait(10)
         try:
-            return budgets.check(tx, second_job, draw("openai/model-b"), datetime.now(UTC))
+            now = datetime.now(UTC)
+            return budgets.check(tx, second_job, draw("openai/model-b"), now, budgets.WINDOW)
         finally:
             second_checked.set()
 

@@ -44,6 +44,9 @@ async def quiet_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncI
         reconciler_interval_s=3600.0,
     )
     async with running_stack(settings, dev_server.client, run_worker=False) as stack:
+        # Its one scan, of an empty store, is over long before this (milliseconds; seconds on
+        # a loaded machine): a job the test accepts after it stays unstarted.
+        await asyncio.sleep(2.0)
         yield stack
 
 

@@ -8,12 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.async_api import Browser, BrowserContext, Page, async_playwright
+from playwright.async_api import Browser, BrowserContext, Page, async_playwright, expect
 from temporalio.testing import WorkflowEnvironment
 
 from promptjobs.runtime import connect_temporal
 from promptjobs.settings import Settings
 from tests.conftest import Stack, free_port, make_settings, running_stack
+
+# What the page shows comes from a real service; on a machine running the suite on several
+# workers, give it longer than Playwright's 5 s.
+expect.set_options(timeout=15_000)
 
 CHROMIUM = Path("/usr/bin/chromium")
 HAVE_CHROMIUM = CHROMIUM.exists()

@@ -17,6 +17,9 @@ from tests.conftest import eventually, free_port, running_stack
 from tests.web.conftest import screenshot, sqlite_settings
 from workflows import search_attributes
 
+# The Web UI renders from Temporal's visibility store, later on a loaded machine.
+UI_WAIT_MS = 30_000
+
 
 @pytest.fixture(scope="module")
 async def dev_server_with_ui() -> AsyncIterator[tuple[WorkflowEnvironment, str]]:
@@ -62,22 +65,22 @@ async def test_a_failed_job_is_a_failed_workflow_in_the_web_ui(
         page = await context.new_page()
         await page.goto(f"{ui}/workflows/{job_id}")
         await _shows(page, job["error_message"])  # the workflow's failure: the row's message
-        await expect(page.get_by_text("Failed", exact=True).first).to_be_visible()
+        await expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=UI_WAIT_MS)
         await screenshot(page, "temporal-ui-failed-job")
         # Its search attributes: the error kind and the attempt, as the projection has them.
         await page.get_by_text("Search Attributes", exact=True).click()
         attributes = page.locator("main")
         for shown in ['"PromptJobErrorKind": "auth"', '"PromptJobAttempt": 2']:
-            await expect(attributes).to_contain_text(shown)
+            await expect(attributes).to_contain_text(shown, timeout=UI_WAIT_MS)
         await screenshot(page, "temporal-ui-failed-job-attributes")
 
         await page.goto(f"{ui}/workflows?query={quote(query)}")
-        await expect(page.get_by_text(job_id).first).to_be_visible()
-        await expect(page.get_by_text("Failed", exact=True).first).to_be_visible()
+        await expect(page.get_by_text(job_id).first).to_be_visible(timeout=UI_WAIT_MS)
+        await expect(page.get_by_text("Failed", exact=True).first).to_be_visible(timeout=UI_WAIT_MS)
         await screenshot(page, "temporal-ui-failed-jobs-list")
     finally:
         await context.close()
 
 
 async def _shows(page: Page, text: str) -> None:
-    await expect(page.get_by_text(text, exact=False).first).to_be_visible()
+    await expect(page.get_by_text(text, exact=False).first).to_be_visible(timeout=UI_WAIT_MS)
