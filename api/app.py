@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, problem handlers and the services they share."""
+"""The FastAPI application: routes, problem handlers and the context they share."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from api import problems
-from api.deps import Services
+from api.deps import ApiContext
 from api.limits import BodyLimit
 from api.openapi import exact_openapi
 from api.routes import batches, events, files, health, jobs, metrics, page, prompts, responses
@@ -17,7 +17,7 @@ from api.routes import batches, events, files, health, jobs, metrics, page, prom
 BODY_OVERHEAD_BYTES = 64 * 1024
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(ctx: ApiContext) -> FastAPI:
     # /docs (Swagger UI) and /redoc with their scripts and styles served from the package
     # (fastapi-offline ships them), not a CDN: the docs work on a machine with no internet.
     app = FastAPIOffline(
@@ -33,17 +33,17 @@ def create_app(services: Services) -> FastAPI:
     # JSON escapes can make a prompt's body several times its UTF-8 size.
     app.add_middleware(
         BodyLimit,
-        max_bytes=6 * services.max_prompt_bytes + BODY_OVERHEAD_BYTES,
-        prompt_bytes=services.max_prompt_bytes,
-        file_bytes=services.max_file_bytes,
+        max_bytes=6 * ctx.max_prompt_bytes + BODY_OVERHEAD_BYTES,
+        prompt_bytes=ctx.max_prompt_bytes,
+        file_bytes=ctx.max_file_bytes,
     )
-    app.state.services = services
+    app.state.context = ctx
     problems.install(app)
     for module in (prompts, jobs, responses, files, batches, events, health, metrics, page):
         app.include_router(module.router)
 
     def openapi() -> dict[str, Any]:
-        return exact_openapi(app, services.jobs.adapters.names())
+        return exact_openapi(app, ctx.jobs.adapters.names())
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app

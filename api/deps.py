@@ -19,7 +19,11 @@ from services.openai_batches import BatchRunner
 
 
 @dataclass
-class Services:
+class ApiContext:
+    """What every route is handed (`ContextDep`): the store, the job service, the event feed,
+    the `/v1/batches` runner and the limits the API enforces. Built once per app by
+    promptjobs/runtime.py."""
+
     store: JobStore
     jobs: JobService
     feed: ChangeFeed
@@ -34,14 +38,14 @@ class Services:
     metrics_token: str | None = field(default=None, repr=False)
 
 
-async def get_services(request: Request) -> Services:
+async def get_context(request: Request) -> ApiContext:
     # async: FastAPI would run a plain `def` dependency in its thread pool, a thread hop
     # per request for one attribute read.
-    services: Services = request.app.state.services
-    return services
+    ctx: ApiContext = request.app.state.context
+    return ctx
 
 
-ServicesDep = Annotated[Services, Depends(get_services)]
+ContextDep = Annotated[ApiContext, Depends(get_context)]
 
 bearer = HTTPBearer(auto_error=False, description="An API key from `promptjobs keys create`")
 
@@ -57,7 +61,7 @@ def _well_formed(token: str) -> bool:
 
 
 async def _authenticate(
-    services: Services, token: str | None, request: Request | None = None
+    ctx: ApiContext, token: str | None, request: Request | None = None
 ) -> Scope:
     challenge = {"WWW-Authenticate": "Bearer"}
     if request is not None and len(request.headers.getlist("authorization")) > 1:
@@ -75,11 +79,7 @@ async def _authenticate(
             "send `Authorization: Bearer <key>`; create a key with `promptjobs keys create`",
             headers=challenge,
         )
-    scope = (
-        await services.keys.authenticate(services.store.keys, token)
-        if _well_formed(token)
-        else None
-    )
+    scope = await ctx.keys.authenticate(ctx.store.keys, token) if _well_formed(token) else None
     if scope is None:
         raise Problem(
             401,
@@ -93,11 +93,11 @@ async def _authenticate(
 
 async def get_caller(
     request: Request,
-    services: ServicesDep,
+    ctx: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Scope:
     token = credentials.credentials if credentials else None
-    return await _authenticate(services, token, request)
+    return await _authenticate(ctx, token, request)
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class Streamer:
 
 async def get_stream_caller(
     request: Request,
-    services: ServicesDep,
+    ctx: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     access_token: Annotated[
         str | None,
@@ -123,23 +123,21 @@ async def get_stream_caller(
 ) -> Streamer:
     """For GET /v1/events only: a key in the URL can end up in logs and history, so no other
     route accepts one."""
-    return await _streamer(
-        services, credentials.credentials if credentials else access_token, request
-    )
+    return await _streamer(ctx, credentials.credentials if credentials else access_token, request)
 
 
 async def get_keyed_caller(
     request: Request,
-    services: ServicesDep,
+    ctx: ContextDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Streamer:
     """A caller with its key's id, for routes that may answer with a stream (the key in the
     Authorization header only)."""
-    return await _streamer(services, credentials.credentials if credentials else None, request)
+    return await _streamer(ctx, credentials.credentials if credentials else None, request)
 
 
-async def _streamer(services: Services, token: str | None, request: Request) -> Streamer:
-    scope = await _authenticate(services, token, request)
+async def _streamer(ctx: ApiContext, token: str | None, request: Request) -> Streamer:
+    scope = await _authenticate(ctx, token, request)
     assert token is not None
     key_id = key_id_of(token)
     assert key_id is not None  # authenticated, so well formed

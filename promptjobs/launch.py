@@ -310,7 +310,7 @@ async def serve(
         )
         tasks.append(asyncio.create_task(server.serve(), name="api"))
         tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
-        runner = app.state.services.batches
+        runner = app.state.context.batches
         tasks.append(asyncio.create_task(runner.run(stop=stop), name="batches"))
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(), name="worker"))

@@ -26,7 +26,7 @@ from activities.prices import PriceTable
 from activities.provider_batches import BatchActivities
 from activities.retention import RetentionActivities
 from api.app import create_app
-from api.deps import Services
+from api.deps import ApiContext
 from api.openai.batches import OpenAIBatchLines
 from projections.keys import KeyCache
 from projections.metrics import QueueDepth
@@ -121,7 +121,7 @@ def build_app(
     jobs = build_job_service(settings, projection, dispatcher, adapters)
     assert projection.feed is not None, "the API needs a projection opened with streams"
     return create_app(
-        Services(
+        ApiContext(
             store=projection.store,
             jobs=jobs,
             feed=projection.feed,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictStr
 
-from api.deps import Caller, JsonBody, Services, ServicesDep
+from api.deps import ApiContext, Caller, ContextDep, JsonBody
 from api.openai.batches import ENDPOINTS, WINDOWS, batch_object
 from api.openai.responses import METADATA_PAIRS, UnsupportedParameter
 from api.problems import problem_responses
@@ -36,7 +36,7 @@ class CreateBatch(BaseModel):
     "", response_model=None, responses={200: OPENAI_LIST, **problem_responses(400, 401, 404)}
 )
 async def create_batch(
-    body: CreateBatch, caller: Caller, _json: Annotated[None, JsonBody], services: ServicesDep
+    body: CreateBatch, caller: Caller, _json: Annotated[None, JsonBody], ctx: ContextDep
 ) -> JSONResponse:
     """OpenAI's `batches.create`: answers at once (`validating`); the file's lines become jobs
     in the background, then the batch is `in_progress` until they have all settled."""
@@ -55,13 +55,13 @@ async def create_batch(
         raise UnsupportedParameter(
             "metadata", "metadata holds at most 16 pairs", code="invalid_value"
         )
-    stored = await services.store.files.get(caller, body.input_file_id)
+    stored = await ctx.store.files.get(caller, body.input_file_id)
     if stored.purpose != "batch":
         raise UnsupportedParameter(
             "input_file_id", "the input file must have purpose `batch`", code="invalid_value"
         )
     now = utcnow()
-    batch = await services.store.batches.create(
+    batch = await ctx.store.batches.create(
         caller,
         {
             "endpoint": body.endpoint,
@@ -71,27 +71,27 @@ async def create_batch(
             "expires_at": now + window,
         },
     )
-    services.batches.kick()
+    ctx.batches.kick()
     return JSONResponse(batch_object(batch))
 
 
 @router.get("", response_model=None, responses={200: OPENAI_LIST, **problem_responses(401)})
 async def list_batches(
     caller: Caller,
-    services: ServicesDep,
+    ctx: ContextDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: Annotated[str | None, Query(max_length=64)] = None,
 ) -> JSONResponse:
-    page = await services.store.batches.page(caller, limit=limit + 1, after=after)
-    objects = [await _object(services, batch) for batch in page[:limit]]
+    page = await ctx.store.batches.page(caller, limit=limit + 1, after=after)
+    objects = [await _object(ctx, batch) for batch in page[:limit]]
     return JSONResponse(listing(objects, len(page) > limit))
 
 
 @router.get(
     "/{batch_id}", response_model=None, responses={200: OPENAI_LIST, **problem_responses(401, 404)}
 )
-async def read_batch(batch_id: str, caller: Caller, services: ServicesDep) -> JSONResponse:
-    return JSONResponse(await _object(services, await services.store.batches.get(caller, batch_id)))
+async def read_batch(batch_id: str, caller: Caller, ctx: ContextDep) -> JSONResponse:
+    return JSONResponse(await _object(ctx, await ctx.store.batches.get(caller, batch_id)))
 
 
 @router.post(
@@ -99,23 +99,21 @@ async def read_batch(batch_id: str, caller: Caller, services: ServicesDep) -> JS
     response_model=None,
     responses={200: OPENAI_LIST, **problem_responses(401, 404)},
 )
-async def cancel_batch(batch_id: str, caller: Caller, services: ServicesDep) -> JSONResponse:
+async def cancel_batch(batch_id: str, caller: Caller, ctx: ContextDep) -> JSONResponse:
     """OpenAI's `batches.cancel`: `cancelling` while its open jobs are cancelled, then
     `cancelled` with the output of those that finished. A batch already over is answered as
     it is."""
-    batch = await services.store.batches.get(caller, batch_id)
-    await services.store.batches.move(
+    batch = await ctx.store.batches.get(caller, batch_id)
+    await ctx.store.batches.move(
         batch.batch_id,
         "cancelling",
         came_from=("validating", "in_progress"),
         cancelling_at=utcnow(),
     )
-    services.batches.kick()
-    return JSONResponse(await _object(services, await services.store.batches.get(caller, batch_id)))
+    ctx.batches.kick()
+    return JSONResponse(await _object(ctx, await ctx.store.batches.get(caller, batch_id)))
 
 
-async def _object(services: Services, batch: Batch) -> dict[str, Any]:
-    counts = (
-        await services.store.batches.counts(batch.batch_id) if batch.status in RUNNING else None
-    )
+async def _object(ctx: ApiContext, batch: Batch) -> dict[str, Any]:
+    counts = await ctx.store.batches.counts(batch.batch_id) if batch.status in RUNNING else None
     return batch_object(batch, counts)

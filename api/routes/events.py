@@ -13,7 +13,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from api.changes import StreamHold, StreamScope, Subscription, frame
-from api.deps import Services, ServicesDep, StreamCaller
+from api.deps import ApiContext, ContextDep, StreamCaller
 from api.problems import problem_responses
 from api.routes.jobs import CURSOR_PATTERN
 from projections.domain.lifecycle import EventType
@@ -30,22 +30,22 @@ OVER_CHECK_S = 5.0
 
 
 async def subscribe(
-    services: Services, scope: StreamScope, key_id: str, hold: StreamHold | None = None
+    ctx: ApiContext, scope: StreamScope, key_id: str, hold: StreamHold | None = None
 ) -> Subscription:
     """A subscription to the live feed (in the place `hold` kept); past the bound on
     streams, StreamLimit (a 429 with Retry-After)."""
-    return await services.feed.subscribe(scope, key_id, hold)
+    return await ctx.feed.subscribe(scope, key_id, hold)
 
 
 @contextmanager
-def stream_place(services: Services, key_id: str) -> Iterator[StreamHold]:
+def stream_place(ctx: ApiContext, key_id: str) -> Iterator[StreamHold]:
     """A stream's place, held while the request makes what it will stream (StreamLimit, a
     429, before anything is made), and given back if the block leaves without subscribing."""
-    hold = services.feed.hold(key_id)
+    hold = ctx.feed.hold(key_id)
     try:
         yield hold
     finally:
-        services.feed.release(hold)
+        ctx.feed.release(hold)
 
 
 @router.get(
@@ -63,7 +63,7 @@ def stream_place(services: Services, key_id: str) -> Iterator[StreamHold]:
 )
 async def stream_events(
     caller: StreamCaller,
-    services: ServicesDep,
+    ctx: ContextDep,
     since: Annotated[
         str | None,
         Query(
@@ -98,18 +98,18 @@ async def stream_events(
     `Last-Event-ID` and nothing is missed. Too many open streams (per key, per API process)
     is a `429` with `Retry-After`."""
     scope = caller.scope
-    store = services.store
+    store = ctx.store
     # Where this job's stream ends (its job.done), once known; None: not yet, or not a job's.
     over: int | None = None
     if job_id is not None:
         over = await store.job_over_at(scope, job_id)
     if prompt_id is not None:
-        await services.store.prompt(scope, prompt_id)
+        await ctx.store.prompt(scope, prompt_id)
     resume = last_event_id if last_event_id is not None else since
-    feed = services.feed
-    sub = await subscribe(services, StreamScope.of(scope, job_id, prompt_id), caller.key_id)
+    feed = ctx.feed
+    sub = await subscribe(ctx, StreamScope.of(scope, job_id, prompt_id), caller.key_id)
     # Streams opened together (after a deploy, say) should not all end together.
-    lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
+    lifetime_s = ctx.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 
     def job_over(events: list[Any], cursor: int) -> bool:
         """Whether a job's stream has sent all of it: its job.done, or up to `over`."""
@@ -170,7 +170,7 @@ async def stream_events(
 
     return EventSourceResponse(
         events(),
-        ping=services.sse_keepalive_s,
+        ping=ctx.sse_keepalive_s,
         # A client that stops reading altogether: its connection is dropped, not kept.
         send_timeout=SEND_TIMEOUT_S,
         # If the stream never starts (the client left at once), its slot is freed anyway.

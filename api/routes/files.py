@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from api.deps import Caller, ServicesDep
+from api.deps import Caller, ContextDep
 from api.openai.responses import UnsupportedParameter
 from api.problems import problem_responses
 from projections.models import StoredFile
@@ -39,7 +39,7 @@ def file_object(stored: StoredFile) -> dict[str, Any]:
 )
 async def upload_file(
     caller: Caller,
-    services: ServicesDep,
+    ctx: ContextDep,
     file: Annotated[UploadFile, File(description="The file; JSONL for a batch")],
     purpose: Annotated[str, Form(description="`batch`")],
 ) -> JSONResponse:
@@ -48,13 +48,13 @@ async def upload_file(
         raise UnsupportedParameter(
             "purpose", f"purpose {purpose!r} is not supported: promptjobs takes `batch` files"
         )
-    stored = await services.store.files.create(
+    stored = await ctx.store.files.create(
         caller,
         purpose=purpose,
         filename=(file.filename or "upload.jsonl")[:255],
         source=file.file,
-        max_bytes=services.max_file_bytes,
-        org_quota=services.org_max_file_bytes,
+        max_bytes=ctx.max_file_bytes,
+        org_quota=ctx.org_max_file_bytes,
     )
     return JSONResponse(file_object(stored))
 
@@ -62,7 +62,7 @@ async def upload_file(
 @router.get("", response_model=None, responses={200: OPENAI_LIST, **problem_responses(401)})
 async def list_files(
     caller: Caller,
-    services: ServicesDep,
+    ctx: ContextDep,
     purpose: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     after: Annotated[str | None, Query(max_length=64)] = None,
@@ -70,7 +70,7 @@ async def list_files(
 ) -> JSONResponse:
     """The caller's files, newest first, or oldest with `order=asc` (`after`: the last id of
     the page before)."""
-    page = await services.store.files.page(
+    page = await ctx.store.files.page(
         caller, limit=limit + 1, after=after, purpose=purpose, oldest_first=order == "asc"
     )
     return JSONResponse(listing([file_object(f) for f in page[:limit]], len(page) > limit))
@@ -79,8 +79,8 @@ async def list_files(
 @router.get(
     "/{file_id}", response_model=None, responses={200: OPENAI_LIST, **problem_responses(401, 404)}
 )
-async def read_file(file_id: str, caller: Caller, services: ServicesDep) -> JSONResponse:
-    return JSONResponse(file_object(await services.store.files.get(caller, file_id)))
+async def read_file(file_id: str, caller: Caller, ctx: ContextDep) -> JSONResponse:
+    return JSONResponse(file_object(await ctx.store.files.get(caller, file_id)))
 
 
 @router.get(
@@ -90,10 +90,10 @@ async def read_file(file_id: str, caller: Caller, services: ServicesDep) -> JSON
         **problem_responses(401, 404),
     },
 )
-async def file_content(file_id: str, caller: Caller, services: ServicesDep) -> StreamingResponse:
+async def file_content(file_id: str, caller: Caller, ctx: ContextDep) -> StreamingResponse:
     """The file's bytes, streamed a chunk at a time."""
-    stored = await services.store.files.get(caller, file_id)
-    chunks: AsyncIterator[bytes] = services.store.files.content(caller, file_id)
+    stored = await ctx.store.files.get(caller, file_id)
+    chunks: AsyncIterator[bytes] = ctx.store.files.content(caller, file_id)
     return StreamingResponse(
         chunks,
         media_type="application/octet-stream",
@@ -104,8 +104,8 @@ async def file_content(file_id: str, caller: Caller, services: ServicesDep) -> S
 @router.delete(
     "/{file_id}", response_model=None, responses={200: OPENAI_LIST, **problem_responses(401, 404)}
 )
-async def delete_file(file_id: str, caller: Caller, services: ServicesDep) -> JSONResponse:
-    await services.store.files.delete(caller, file_id)
+async def delete_file(file_id: str, caller: Caller, ctx: ContextDep) -> JSONResponse:
+    await ctx.store.files.delete(caller, file_id)
     return JSONResponse({"id": file_id, "object": "file", "deleted": True})
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from api.deps import ServicesDep
+from api.deps import ContextDep
 from api.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -28,15 +28,15 @@ async def healthz() -> Health:
     response_model=Readiness,
     responses={503: {"model": Readiness, "description": "A dependency is unreachable"}},
 )
-async def readyz(services: ServicesDep) -> JSONResponse:
+async def readyz(ctx: ContextDep) -> JSONResponse:
     """The projection database and Temporal are reachable."""
 
     async def database() -> None:
-        async with services.store.sessions() as session:
+        async with ctx.store.sessions() as session:
             await session.execute(text("SELECT 1"))
 
     async def temporal() -> None:
-        await services.jobs.dispatcher.client.service_client.check_health()
+        await ctx.jobs.dispatcher.client.service_client.check_health()
 
     checks: dict[str, str] = {}
     for name, probe in (("database", database), ("temporal", temporal)):

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.deps import ServicesDep
+from api.deps import ContextDep
 from api.problems import Problem
 
 router = APIRouter(tags=["health"])
@@ -27,11 +27,11 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 async def require_metrics_token(
-    services: ServicesDep,
+    ctx: ContextDep,
     # Not the API-key security scheme: open by default, so the document declares no auth.
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> None:
-    if not token_matches(services.metrics_token, bearer_token(authorization)):
+    if not token_matches(ctx.metrics_token, bearer_token(authorization)):
         raise Problem(
             401,
             "unauthenticated",
@@ -42,8 +42,8 @@ async def require_metrics_token(
 
 
 @router.get("/metrics", response_class=Response, dependencies=[Depends(require_metrics_token)])
-async def scrape(services: ServicesDep) -> Response:
+async def scrape(ctx: ContextDep) -> Response:
     """Prometheus text format: counts, never content. Open unless `PROMPTJOBS_METRICS_TOKEN`
     is set; then it takes `Authorization: Bearer <token>` (not an API key)."""
-    await services.queue_depth.refresh()
+    await ctx.queue_depth.refresh()
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

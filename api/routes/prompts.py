@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from api.deps import Caller, JsonBody, ServicesDep
+from api.deps import Caller, ContextDep, JsonBody
 from api.problems import problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.models import Prompt
@@ -39,7 +39,7 @@ async def submit_prompt(
     body: SubmitPrompt,
     caller: Caller,
     _json: Annotated[None, JsonBody],
-    services: ServicesDep,
+    ctx: ContextDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -63,7 +63,7 @@ async def submit_prompt(
         correlation_id=body.correlation_id,
         after=tuple(body.after),
     )
-    accepted = await services.jobs.submit(caller, submission)
+    accepted = await ctx.jobs.submit(caller, submission)
     response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
     if not accepted.created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -80,7 +80,7 @@ PROMPT_PAGE_CHARS = 1 << 20
 @router.get("", response_model=PromptList, responses=problem_responses(401, 404, 422))
 async def list_prompts(
     caller: Caller,
-    services: ServicesDep,
+    ctx: ContextDep,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     before: Annotated[
         str | None, Query(max_length=40, description="A `next_before`: the page after it")
@@ -91,13 +91,13 @@ async def list_prompts(
     changes from this read on. A page ends early (with `next_before`) once its prompts'
     texts and options pass 1 MiB: prompts of 100 kB each come a few at a time."""
     # Read the cursor first: any change committed after it is also after the page below.
-    cursor = await services.store.latest_event_id()
+    cursor = await ctx.store.latest_event_id()
     # One more than asked tells whether an older page exists.
-    page = await services.store.prompts_before(caller, limit + 1, before)
+    page = await ctx.store.prompts_before(caller, limit + 1, before)
     kept = _fitting([prompt for prompt, *_ in page[:limit]])
     more = len(page) > kept
     page = page[:kept]
-    children = await services.store.children(caller, [prompt.prompt_id for prompt, *_ in page])
+    children = await ctx.store.children(caller, [prompt.prompt_id for prompt, *_ in page])
     return PromptList(
         prompts=[PromptOut.of(p, jobs, children[p.prompt_id], n) for p, jobs, n in page],
         next_before=page[-1][0].prompt_id if more else None,
@@ -116,9 +116,9 @@ def _fitting(prompts: list[Prompt]) -> int:
 
 
 @router.get("/{prompt_id}", response_model=PromptOut, responses=problem_responses(401, 404))
-async def read_prompt(prompt_id: str, caller: Caller, services: ServicesDep) -> PromptOut:
+async def read_prompt(prompt_id: str, caller: Caller, ctx: ContextDep) -> PromptOut:
     """The prompt and every job it has had (retries included), oldest first, with its chain:
     the prompts it runs after and those that run after it."""
-    prompt, jobs = await services.store.prompt(caller, prompt_id)
-    children = await services.store.children(caller, [prompt_id])
+    prompt, jobs = await ctx.store.prompt(caller, prompt_id)
+    children = await ctx.store.children(caller, [prompt_id])
     return PromptOut.of(prompt, jobs, children[prompt_id])

@@ -16,7 +16,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
 from api.changes import StreamHold, StreamLimit, StreamScope, Subscription
-from api.deps import Caller, JsonBody, KeyedCaller, Services, ServicesDep, Streamer
+from api.deps import ApiContext, Caller, ContextDep, JsonBody, KeyedCaller, Streamer
 from api.openai.responses import (
     CreateResponse,
     JobLike,
@@ -68,7 +68,7 @@ async def create_response(
     body: CreateResponse,
     keyed: KeyedCaller,
     _json: Annotated[None, JsonBody],
-    services: ServicesDep,
+    ctx: ContextDep,
     request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None,
 ) -> JSONResponse | EventSourceResponse:
@@ -76,19 +76,19 @@ async def create_response(
     as they happen; with `background`, answers at once (`queued`); else once the job has
     settled. The job runs durably either way: a client that leaves does not cancel it."""
     caller = keyed.scope
-    submission = submission_of(body, services.jobs.adapters, idempotency_key=idempotency_key)
+    submission = submission_of(body, ctx.jobs.adapters, idempotency_key=idempotency_key)
     if body.stream:
         # The stream's place first: refused at the limit, nothing is made (the SDK retries a
         # 429 without an Idempotency-Key, and each retry would make another job).
-        with stream_place(services, keyed.key_id) as hold:
-            accepted = await services.jobs.submit(caller, submission)
-            return await _stream(services, keyed, accepted.prompt, starting_after=None, hold=hold)
-    accepted = await services.jobs.submit(caller, submission)
+        with stream_place(ctx, keyed.key_id) as hold:
+            accepted = await ctx.jobs.submit(caller, submission)
+            return await _stream(ctx, keyed, accepted.prompt, starting_after=None, hold=hold)
+    accepted = await ctx.jobs.submit(caller, submission)
     prompt_id = accepted.prompt.prompt_id
     if body.background:
-        return JSONResponse(await _object(services, caller, prompt_id))
+        return JSONResponse(await _object(ctx, caller, prompt_id))
     return JSONResponse(
-        await _settled(services, caller, prompt_id, request=request, key_id=keyed.key_id)
+        await _settled(ctx, caller, prompt_id, request=request, key_id=keyed.key_id)
     )
 
 
@@ -100,7 +100,7 @@ async def create_response(
 async def read_response(
     response_id: str,
     keyed: KeyedCaller,
-    services: ServicesDep,
+    ctx: ContextDep,
     stream: Annotated[bool, Query(description="Answer the response's events (OpenAI's)")] = False,
     starting_after: Annotated[
         int | None, Query(ge=-1, description="With `stream`: the events after this sequence number")
@@ -111,27 +111,27 @@ async def read_response(
     succeeded job's answer as promptjobs keeps it (the ResponseOut schema)."""
     caller = keyed.scope
     if response_id.startswith("rsp_"):
-        return ResponseOut.of(await services.store.response(caller, response_id))
+        return ResponseOut.of(await ctx.store.response(caller, response_id))
     with named_as_response(response_id):
         if stream:
-            prompt, _ = await services.store.prompt(caller, prompt_id_of(response_id))
-            return await _stream(services, keyed, prompt, starting_after=starting_after)
-        return JSONResponse(await _object(services, caller, prompt_id_of(response_id)))
+            prompt, _ = await ctx.store.prompt(caller, prompt_id_of(response_id))
+            return await _stream(ctx, keyed, prompt, starting_after=starting_after)
+        return JSONResponse(await _object(ctx, caller, prompt_id_of(response_id)))
 
 
 @router.post("/{response_id}/cancel", responses={200: OPENAI_OBJECT, **problem_responses(401, 404)})
-async def cancel_response(response_id: str, caller: Caller, services: ServicesDep) -> JSONResponse:
+async def cancel_response(response_id: str, caller: Caller, ctx: ContextDep) -> JSONResponse:
     """OpenAI's `responses.cancel`: cancels the job and answers the response once it has
     settled (or after 5 s, still `in_progress`). A settled response is answered as it is."""
     prompt_id = prompt_id_of(response_id)
     with named_as_response(response_id):
-        _, jobs = await services.store.prompt(caller, prompt_id)
+        _, jobs = await ctx.store.prompt(caller, prompt_id)
     if not jobs[-1].state.is_terminal:
         try:
-            await services.jobs.cancel(caller, jobs[-1].job_id)
+            await ctx.jobs.cancel(caller, jobs[-1].job_id)
         except InvalidState:
             pass  # it settled meanwhile
-    return JSONResponse(await _settled(services, caller, prompt_id, timeout_s=CANCEL_WAIT_S))
+    return JSONResponse(await _settled(ctx, caller, prompt_id, timeout_s=CANCEL_WAIT_S))
 
 
 @contextlib.contextmanager
@@ -146,26 +146,26 @@ def named_as_response(response_id: str) -> Iterator[None]:
         raise NotFound("response", response_id) from None
 
 
-async def _object(services: Services, caller: Scope, prompt_id: str) -> dict[str, Any]:
+async def _object(ctx: ApiContext, caller: Scope, prompt_id: str) -> dict[str, Any]:
     """The response object of the prompt as it is now."""
-    prompt, jobs = await services.store.prompt(caller, prompt_id)
-    return await _object_of(services, caller, prompt, jobs[-1])
+    prompt, jobs = await ctx.store.prompt(caller, prompt_id)
+    return await _object_of(ctx, caller, prompt, jobs[-1])
 
 
 async def _object_of(
-    services: Services, caller: Scope, prompt: Prompt, job: JobLike
+    ctx: ApiContext, caller: Scope, prompt: Prompt, job: JobLike
 ) -> dict[str, Any]:
     """The response object of `prompt` whose current job is `job` (with its answer, if any)."""
     if job.response_id is None:
         return response_object(prompt, job)
-    answer = await services.store.response(caller, job.response_id)
+    answer = await ctx.store.response(caller, job.response_id)
     return response_object(
         prompt, job, text=answer.text, finish_reason=answer.finish_reason, model=answer.model
     )
 
 
 async def _settled(
-    services: Services,
+    ctx: ApiContext,
     caller: Scope,
     prompt_id: str,
     *,
@@ -183,16 +183,16 @@ async def _settled(
     sub: Subscription | None = None
     if key_id is not None:
         with contextlib.suppress(StreamLimit):
-            sub = await services.feed.subscribe(StreamScope.of(caller, None, prompt_id), key_id)
+            sub = await ctx.feed.subscribe(StreamScope.of(caller, None, prompt_id), key_id)
     try:
         while True:
-            prompt, jobs = await services.store.prompt(caller, prompt_id)
+            prompt, jobs = await ctx.store.prompt(caller, prompt_id)
             if (
                 jobs[-1].state.is_terminal
                 or (deadline is not None and loop.time() >= deadline)
                 or (request is not None and await request.is_disconnected())
             ):
-                return await _object_of(services, caller, prompt, jobs[-1])
+                return await _object_of(ctx, caller, prompt, jobs[-1])
             wait = OVER_CHECK_S if deadline is None else max(0.0, deadline - loop.time())
             if sub is not None and sub.ended is None:
                 until = loop.time() + min(wait, OVER_CHECK_S)
@@ -206,11 +206,11 @@ async def _settled(
                 pause = min(pause * 2, POLL_MAX_S)
     finally:
         if sub is not None:
-            services.feed.unsubscribe(sub)
+            ctx.feed.unsubscribe(sub)
 
 
 async def _stream(
-    services: Services,
+    ctx: ApiContext,
     keyed: Streamer,
     prompt: Prompt,
     *,
@@ -220,14 +220,14 @@ async def _stream(
     """The response's events from the prompt's event log, then live (api/openai/stream.py):
     the log is read again whenever the feed says the prompt has a new event, so every API
     process gives the same events with the same sequence numbers."""
-    scope, store, prompt_id = keyed.scope, services.store, prompt.prompt_id
-    sub = await subscribe(services, StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
-    lifetime_s = services.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
+    scope, store, prompt_id = keyed.scope, ctx.store, prompt.prompt_id
+    sub = await subscribe(ctx, StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
+    lifetime_s = ctx.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 
     async def snapshot(row: JobRow, final: bool) -> dict[str, Any]:
         if not final:
             return response_object(prompt, row)
-        return await _object_of(services, scope, prompt, row)
+        return await _object_of(ctx, scope, prompt, row)
 
     def frames(events: list[dict[str, Any]]) -> bytes:
         return b"".join(
@@ -268,11 +268,11 @@ async def _stream(
                         yield data
                     return
         finally:
-            services.feed.unsubscribe(sub)
+            ctx.feed.unsubscribe(sub)
 
     return EventSourceResponse(
         events(),
-        ping=services.sse_keepalive_s,
+        ping=ctx.sse_keepalive_s,
         send_timeout=SEND_TIMEOUT_S,
-        background=BackgroundTask(services.feed.unsubscribe, sub),
+        background=BackgroundTask(ctx.feed.unsubscribe, sub),
     )
