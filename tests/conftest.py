@@ -125,11 +125,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if getattr(request, "param", "sqlite") == "sqlite":
-        return f"sqlite:///{tmp_path / 'projection.db'}"
+        yield f"sqlite:///{tmp_path / 'projection.db'}"
+        return
     url: str = request.getfixturevalue("pg_database")
-    return url
+    yield url
+    # The run's PostgreSQL database is shared by the tests in turn: each leaves it empty,
+    # whatever it opened on it (a stack, a projection of its own, other processes).
+    empty_tables(url)
+
+
+def empty_tables(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                "AND tablename <> 'alembic_version'"
+            )
+        ]
+        if tables:
+            names = ", ".join(f'"{name}"' for name in tables)
+            conn.execute(f"TRUNCATE {names} RESTART IDENTITY CASCADE")
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
