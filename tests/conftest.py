@@ -110,20 +110,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("database_url", BOTH_DATABASES if both else ["sqlite"], indirect=True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The full suite runs on several workers (`./run test`: pytest-xdist, `--dist
-    loadgroup`). Every test on the shared PostgreSQL server is of one group, run by one
-    worker in turn: each worker has a database of its own, but a transaction open in one
-    holds back the event horizon (pg_snapshot_xmin) of the whole server, which another
-    worker's reads would wait on."""
-    for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        if item.get_closest_marker("postgres") or {"pg_database", "fresh_pg_database"} & set(
-            fixtures
-        ):
-            item.add_marker(pytest.mark.xdist_group("postgresql"))
-
-
 @pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if getattr(request, "param", "sqlite") == "sqlite":

@@ -30,12 +30,13 @@ async def settles_on_stream(stack: Stack, stream: Stream) -> None:
 
 
 async def listener_pids(url: str) -> list[int]:
-    """Backends of the API's LISTEN connection on this test's database."""
+    """Backends of the API's LISTEN connection on this test's database that listen already
+    (a backend is there from its connect; its LISTEN comes a moment later)."""
     database = url.rsplit("/", 1)[1]
     async with await psycopg.AsyncConnection.connect(libpq_url(url), autocommit=True) as conn:
         cursor = await conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'promptjobs-listen'"
-            " AND datname = %s",
+            " AND datname = %s AND query LIKE 'LISTEN%%'",
             (database,),
         )
         return [row[0] for row in await cursor.fetchall()]

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import eventually
 from tests.integration.processes import DevProcess
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -89,11 +90,16 @@ async def test_dev_runs_its_worker_in_a_process_of_its_own(dev: Dev) -> None:
     """As in production: the API's event loop does not share the adapters' streaming (the
     submit latency it bought: bench.dev_latency, bench/README.md)."""
     script = "set -euo pipefail\nsource .data/env\npromptjobs status --json\n"
-    ran = await asyncio.to_thread(run_in, dev.home, ["bash"], script)
-    assert ran.returncode == 0, ran.stderr
-    workers = json.loads(ran.stdout)["registered_workers"]
-    pids = {worker["config"]["pid"] for worker in workers if worker["status"] == "alive"}
-    assert pids and dev.running.process.pid not in pids, workers
+
+    async def alive() -> set[int]:
+        ran = await asyncio.to_thread(run_in, dev.home, ["bash"], script)
+        assert ran.returncode == 0, ran.stderr
+        workers = json.loads(ran.stdout)["registered_workers"]
+        return {worker["config"]["pid"] for worker in workers if worker["status"] == "alive"}
+
+    # The worker process registers as it starts, after the banner on a loaded machine.
+    pids = await eventually(alive, bool, timeout=30, interval=0.5)
+    assert dev.running.process.pid not in pids, pids
     dev.worker_pids = pids
     # Its counters are its own, on the port the banner names.
     [url] = [line.split()[0] for line in dev.running.printed if line.rstrip().endswith("(worker)")]
