@@ -110,6 +110,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("database_url", BOTH_DATABASES if both else ["sqlite"], indirect=True)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Every test on the shared PostgreSQL server is marked `postgres` (those on a database
+    of their own from `pg_database` or `fresh_pg_database` too): `./run test` runs them in
+    one process, in turn, beside the others on several workers. Each has a database of its
+    own, but a transaction open in one holds back the event horizon (pg_snapshot_xmin) of
+    the whole server, which another's reads of new events would wait on."""
+    if {"pg_database", "fresh_pg_database"} & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if getattr(request, "param", "sqlite") == "sqlite":
