@@ -27,7 +27,7 @@ from projections.store import JobStore
 from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
 
-log = logging.getLogger("promptjobs.batches")
+log = logging.getLogger("promptjobs.jobs")
 
 
 @dataclass(frozen=True)
