@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 
-from api.changes import StreamHold, StreamScope, Subscription, frame
+from api.changes import StreamHold, StreamScope, frame
 from api.deps import ApiContext, ContextDep, StreamCaller
 from api.problems import problem_responses
 from api.routes.jobs import CURSOR_PATTERN
@@ -27,14 +27,6 @@ LIFETIME_JITTER = 0.1
 SEND_TIMEOUT_S = 60.0
 # How often an idle stream of one job asks whether the job is over without a job.done.
 OVER_CHECK_S = 5.0
-
-
-async def subscribe(
-    ctx: ApiContext, scope: StreamScope, key_id: str, hold: StreamHold | None = None
-) -> Subscription:
-    """A subscription to the live feed (in the place `hold` kept); past the bound on
-    streams, StreamLimit (a 429 with Retry-After)."""
-    return await ctx.feed.subscribe(scope, key_id, hold)
 
 
 @contextmanager
@@ -107,7 +99,8 @@ async def stream_events(
         await ctx.store.prompt(scope, prompt_id)
     resume = last_event_id if last_event_id is not None else since
     feed = ctx.feed
-    sub = await subscribe(ctx, StreamScope.of(scope, job_id, prompt_id), caller.key_id)
+    # Past the bound on streams, StreamLimit: a 429 with Retry-After (api/problems.py).
+    sub = await ctx.feed.subscribe(StreamScope.of(scope, job_id, prompt_id), caller.key_id)
     # Streams opened together (after a deploy, say) should not all end together.
     lifetime_s = ctx.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 

@@ -32,7 +32,6 @@ from api.routes.events import (
     OVER_CHECK_S,
     SEND_TIMEOUT_S,
     stream_place,
-    subscribe,
 )
 from api.schemas import ResponseOut
 from projections.domain.lifecycle import EventType
@@ -221,7 +220,7 @@ async def _stream(
     the log is read again whenever the feed says the prompt has a new event, so every API
     process gives the same events with the same sequence numbers."""
     scope, store, prompt_id = keyed.scope, ctx.store, prompt.prompt_id
-    sub = await subscribe(ctx, StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
+    sub = await ctx.feed.subscribe(StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
     lifetime_s = ctx.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
 
     async def snapshot(row: JobRow, final: bool) -> dict[str, Any]:
