@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from opentelemetry import trace
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError
@@ -29,8 +30,9 @@ from activities.adapters.base import (
     InvalidOptions,
     StreamedOutput,
 )
+from activities.adapters.conversation import MESSAGES, Message, images_of, with_user_text
 from activities.adapters.options import options_of
-from activities.budgets import WorkerBudgets, estimate_tokens
+from activities.budgets import WorkerBudgets, estimate_tokens, input_estimate
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
@@ -97,11 +99,22 @@ async def adapter_request(
 ) -> AdapterRequest:
     """What attempt `attempt` of `job` asks its adapter (a call, or a provider batch's line)."""
     text = prompt.text
+    options, unrunnable = options_of(job, prompt)
+    messages: list[Message] = []
+    if prompt.messages is not None:
+        try:
+            messages = MESSAGES.validate_python(prompt.messages)
+        except ValidationError as err:
+            unrunnable = unrunnable or f"messages: {err.errors()[0]['msg']}"
     if prompt.after:
         # A chain's child runs with its parents' answers in place of the placeholders.
         answers = await store.chains.parent_answers(prompt.after)
-        text = substitute(text, prompt.after, answers)
-    options, unrunnable = options_of(job, prompt)
+
+        def answered(said: str) -> str:
+            return substitute(said, prompt.after or [], answers)
+
+        text = answered(text)
+        messages = with_user_text(messages, answered)
     return AdapterRequest(
         job_id=job.job_id,
         prompt_id=prompt.prompt_id,
@@ -109,6 +122,7 @@ async def adapter_request(
         attempt=attempt,
         options=options,
         unrunnable=unrunnable,
+        messages=messages,
     )
 
 
@@ -178,7 +192,8 @@ class AttemptMeter:
         given_out = result.output_tokens if result else output.output_tokens
         estimated = output.usage_estimated or bool(result and result.usage_estimated)
         if given_in is None:
-            given_in = estimate_tokens((options.system or "") + self.request.prompt)
+            images = len(images_of(self.request.messages))
+            given_in = input_estimate(self.request.prompt, options, images)
             estimated = True
         if given_out is None:
             given_out, estimated = estimate_tokens(output.text), True

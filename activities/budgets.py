@@ -9,10 +9,12 @@ the adapter's default, else the typical answer this worker has seen on the budge
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from activities.adapters.base import AdapterRegistry, InvalidOptions, ProviderLimits
+from activities.adapters.conversation import IMAGE_TOKENS, count_images
 from activities.adapters.options import PromptOptions, options_of
 from activities.stale import AtMostEvery
 from projections.budgets import Budgets, Draw, budget_name
@@ -29,6 +31,17 @@ def estimate_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
+def input_estimate(text: str, options: PromptOptions, images: int = 0) -> int:
+    """A request's input tokens before the provider counts them: its text (a conversation's
+    transcript) with its system text and tool definitions, and each image as IMAGE_TOKENS."""
+    tools = (
+        json.dumps([tool.model_dump(exclude_none=True) for tool in options.tools])
+        if options.tools
+        else ""
+    )
+    return estimate_tokens((options.system or "") + text + tools) + images * IMAGE_TOKENS
+
+
 def answer_limit(adapters: AdapterRegistry, options: PromptOptions) -> int | None:
     """The most tokens the answer may have: the job's `max_tokens`, else its adapter's
     default (None: the provider decides)."""
@@ -41,10 +54,13 @@ def answer_limit(adapters: AdapterRegistry, options: PromptOptions) -> int | Non
     return default if isinstance(default, int) else None
 
 
-def least_tokens(adapters: AdapterRegistry, text: str, options: PromptOptions) -> int:
-    """What a call surely counts against a token limit: its prompt and system text, and its
-    answer limit where it has one (providers count `max_tokens` when the request arrives)."""
-    return estimate_tokens((options.system or "") + text) + (answer_limit(adapters, options) or 0)
+def least_tokens(
+    adapters: AdapterRegistry, text: str, options: PromptOptions, images: int = 0
+) -> int:
+    """What a call surely counts against a token limit: its input (`input_estimate`), and
+    its answer limit where it has one (providers count `max_tokens` when the request
+    arrives)."""
+    return input_estimate(text, options, images) + (answer_limit(adapters, options) or 0)
 
 
 @dataclass
@@ -113,7 +129,7 @@ class WorkerBudgets:
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options, _ = options_of(job, prompt)
-        least = least_tokens(self.adapters, prompt.text, options)
+        least = least_tokens(self.adapters, prompt.text, options, count_images(prompt.messages))
         if answer_limit(self.adapters, options) is not None:
             return least
         typical = self._typical.get(name)

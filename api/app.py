@@ -33,7 +33,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
     # JSON escapes can make a prompt's body several times its UTF-8 size.
     app.add_middleware(
         BodyLimit,
-        max_bytes=6 * ctx.max_prompt_bytes + BODY_OVERHEAD_BYTES,
+        max_bytes=6 * ctx.max_prompt_bytes + ctx.max_image_bytes + BODY_OVERHEAD_BYTES,
         prompt_bytes=ctx.max_prompt_bytes,
         file_bytes=ctx.max_file_bytes,
     )

@@ -29,6 +29,7 @@ class ApiContext:
     feed: ChangeFeed
     batches: BatchRunner
     max_prompt_bytes: int
+    max_image_bytes: int
     max_file_bytes: int
     org_max_file_bytes: int
     sse_keepalive_s: float

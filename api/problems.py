@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from activities.adapters.base import InvalidOptions
+from activities.adapters.conversation import ImagesTooLarge, InvalidConversation
 from api.changes import StreamLimit
 from api.openai.errors import (
     from_openai_sdk,
@@ -112,6 +113,8 @@ REFUSALS: dict[type[Refused], tuple[int, str]] = {
     OverBudget: (422, "More than the provider budget allows"),
     IdempotencyConflict: (422, "Idempotency-Key reused"),
     InvalidOptions: (422, "Invalid options"),
+    InvalidConversation: (422, "Invalid conversation"),
+    ImagesTooLarge: (422, "Images too large"),
     UnknownPlaceholder: (422, "Unknown placeholder"),
     PromptTooLarge: (413, "Prompt too large"),
     FileTooLarge: (413, "File too large"),
@@ -141,6 +144,8 @@ def domain_problem(err: Refused, *, openai: bool = False) -> Problem:
         extra = {"budget": err.budget, "tokens": err.tokens, "tokens_per_minute": err.tpm}
     elif isinstance(err, InvalidOptions):
         field = "body.options"
+    elif isinstance(err, InvalidConversation | ImagesTooLarge):
+        field = "body.messages"
     elif isinstance(err, UnknownPlaceholder):
         detail = f"the prompt's {err.placeholder} cannot be filled: {err.reason}"
     elif isinstance(err, PromptTooLarge):
@@ -234,7 +239,7 @@ def _message(error: Mapping[str, Any]) -> str:
         return f"the request body is not valid JSON ({reason} at character {loc[-1]})"
     if loc == ("body",) and kind == "missing":
         return 'the request body is empty: send a JSON object such as {"prompt": "Hello"}'
-    if loc == ("body",):
+    if loc == ("body",) and kind in ("model_type", "model_attributes_type", "dict_type"):
         return 'the request body must be a JSON object such as {"prompt": "Hello"}'
     if kind == "extra_forbidden":
         return "unknown field: remove it (see the OpenAPI document for the fields allowed)"

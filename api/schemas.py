@@ -15,10 +15,14 @@ from pydantic import (
     Strict,
     StrictStr,
     field_validator,
+    model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from activities.adapters.options import JSON_INTEGER, NO_NUL, STRICT_BODY, PromptOptions
+from activities.adapters.conversation import FunctionCall, Messages, ToolCall
+from activities.adapters.json_types import JSON_INTEGER, NO_NUL, STRICT_BODY
+from activities.adapters.options import PromptOptions
 from projections.domain.chains import MAX_PARENTS
 from projections.domain.lifecycle import JobState
 from projections.models import Job, Prompt, Response
@@ -34,12 +38,24 @@ SCHEDULE_HORIZON = timedelta(days=3653)
 
 
 class SubmitPrompt(BaseModel):
-    model_config = STRICT_BODY
+    # One of `prompt` and `messages`, as the OpenAPI document says too.
+    model_config = STRICT_BODY | ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+    )
 
-    prompt: StrictStr = Field(
+    # Either may be left out, neither may be null (SkipJsonSchema: the document says so).
+    prompt: StrictStr | SkipJsonSchema[None] = Field(
+        default=None,
         min_length=1,
         pattern=NO_NUL,
-        description="The prompt text; at most PROMPTJOBS_MAX_PROMPT_BYTES bytes of UTF-8",
+        description="The prompt text, one user message; at most PROMPTJOBS_MAX_PROMPT_BYTES "
+        "bytes of UTF-8. Give `prompt` or `messages`",
+    )
+    messages: Messages | SkipJsonSchema[None] = Field(
+        default=None,
+        description="A conversation, in the Chat Completions format: roles `system`, "
+        "`developer`, `user`, `assistant` (with `tool_calls`), `tool` (with `tool_call_id`); "
+        "content a string or parts (`text`, `image_url`). Give `prompt` or `messages`",
     )
     priority: PriorityField = Field(default=50, description="0 is most urgent, 100 least")
     max_attempts: MaxAttemptsField | None = Field(
@@ -97,9 +113,31 @@ class SubmitPrompt(BaseModel):
         # As sent, offset and all: an idempotent replay's fingerprint is taken from it.
         return value
 
+    @field_validator("prompt", "messages", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise PydanticCustomError("null", "leave the field out rather than send null")
+        return value
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> SubmitPrompt:
+        if (self.prompt is None) == (self.messages is None):
+            raise PydanticCustomError(
+                "prompt_or_messages",
+                "give `prompt` (one user message) or `messages` (a conversation), not both",
+            )
+        return self
+
     def options_as_sent(self) -> dict[str, Any]:
         """The options exactly as the client gave them (what is stored and fingerprinted)."""
         return self.options.model_dump(mode="json", exclude_unset=True)
+
+    def messages_as_sent(self) -> list[dict[str, Any]] | None:
+        """The conversation as the client gave it (the fields it set), or None."""
+        if self.messages is None:
+            return None
+        return [m.model_dump(mode="json", exclude_unset=True) for m in self.messages]
 
 
 class RetryJob(BaseModel):
@@ -238,7 +276,10 @@ class JobList(BaseModel):
 
 class PromptOut(BaseModel):
     prompt_id: str
-    prompt: str
+    prompt: str = Field(description="The prompt, or a conversation's transcript (a line a message)")
+    messages: list[dict[str, Any]] | None = Field(
+        description="The conversation as sent; null for a prompt given as text"
+    )
     author: str
     options: dict[str, Any]
     parent_id: str | None
@@ -259,6 +300,7 @@ class PromptOut(BaseModel):
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
+            messages=prompt.messages,
             author=prompt.author,
             options=prompt.options,
             parent_id=prompt.parent_id,
@@ -302,10 +344,17 @@ class ResponseOut(BaseModel):
     job_id: str
     prompt_id: str
     text: str
+    tool_calls: list[ToolCall] | None = Field(
+        description="The calls the model asks for (null: none), as an assistant message carries "
+        "them: run them, then send their results as `tool` messages in the next job"
+    )
     provider: str
     model: str
     provider_request_id: str | None
-    finish_reason: str | None
+    finish_reason: str | None = Field(
+        description="`stop`, `length` (max_tokens), `tool_calls`, `content_filter`, or the "
+        "provider's own word"
+    )
     usage: Usage
     latency_ms: int | None
     first_token_ms: int | None = Field(description="From the call's start to its first text")
@@ -317,10 +366,24 @@ class ResponseOut(BaseModel):
         values = {
             name: getattr(response, name)
             for name in cls.model_fields
-            if name not in ("usage",) and name not in USAGE_FIELDS
+            if name not in ("usage", "tool_calls") and name not in USAGE_FIELDS
         }
         usage = Usage(**{name: getattr(response, name) for name in USAGE_FIELDS})
-        return cls(**values, usage=usage)
+        return cls(**values, usage=usage, tool_calls=tool_calls_out(response.tool_calls))
+
+
+def tool_calls_out(stored: list[dict[str, str]] | None) -> list[ToolCall] | None:
+    """A response's tool calls as an assistant message carries them."""
+    if not stored:
+        return None
+    return [
+        ToolCall.model_construct(
+            id=call["id"],
+            type="function",
+            function=FunctionCall.model_construct(name=call["name"], arguments=call["arguments"]),
+        )
+        for call in stored
+    ]
 
 
 # AttemptResult's fields that ResponseOut groups under `usage`.

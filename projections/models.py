@@ -106,7 +106,10 @@ class Prompt(Base):
     prompt_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     org: Mapped[str] = mapped_column(String(64))
     author: Mapped[str] = mapped_column(String(64))
+    # A conversation's transcript (activities/adapters/conversation.py), else the prompt.
     text: Mapped[str] = mapped_column(Text)
+    # A conversation: its messages as sent (the chat format); None: `text` is one user message.
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True))
     options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     parent_id: Mapped[str | None] = mapped_column(String(40))
     # A chain: the prompts this one runs after, in the order `{{after[i]}}` names them.
@@ -244,6 +247,8 @@ class Response(Base):
     org: Mapped[str] = mapped_column(String(64))
     author: Mapped[str] = mapped_column(String(64))
     text: Mapped[str] = mapped_column(Text)
+    # The calls the model asked for ({id, name, arguments}), if it asked for any.
+    tool_calls: Mapped[list[dict[str, str]] | None] = mapped_column(JSON(none_as_null=True))
     provider: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(128))
     provider_request_id: Mapped[str | None] = mapped_column(String(255))

@@ -141,6 +141,7 @@ class BatchStore:
                     "org": batch.org,
                     "author": batch.author,
                     "text": submission.text,
+                    "messages": submission.messages,
                     "options": submission.options,
                     "parent_id": None,
                     "correlation_id": batch.batch_id,

@@ -46,6 +46,9 @@ class Submission:
     correlation_id: str | None = None
     after: tuple[str, ...] = ()
     openai: dict[str, Any] | None = None  # Prompt.openai
+    # A conversation, as sent (Prompt.messages); `text` is then its transcript, which
+    # JobService.check writes.
+    messages: list[dict[str, Any]] | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -58,6 +61,7 @@ class Submission:
             "correlation_id": self.correlation_id,
             **({"after": list(self.after)} if self.after else {}),
             **({"openai": self.openai} if self.openai is not None else {}),
+            **({"messages": self.messages} if self.messages is not None else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -104,6 +108,7 @@ class JobWrites:
                 "org": scope.org,
                 "author": scope.user,
                 "text": submission.text,
+                "messages": submission.messages,
                 "options": submission.options,
                 "parent_id": submission.parent_id,
                 "correlation_id": submission.correlation_id,

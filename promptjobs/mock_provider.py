@@ -24,7 +24,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -37,7 +37,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
+from activities.adapters.conversation import sample_arguments
 from promptjobs.mock_batches import Api, BrokenLine, LineAnswer, MockBatches, add_batch_routes
+from promptjobs.mock_conversation import Conversation, fragments, image_words, read_conversation
 
 # A step is an HTTP status to answer with, or one of these behaviours...
 Word = Literal["ok", "hang", "malformed", "reset"]
@@ -142,6 +144,8 @@ class ChatCall:
     stream: bool = False
     # OpenAI's `stream_options.include_usage`: a last chunk with the usage.
     include_usage: bool = False
+    # Its tools, the choice among them, whether it hands back tool results, its images.
+    conversation: Conversation | None = None
 
     @property
     def key(self) -> str:
@@ -399,6 +403,7 @@ def _log_entry(
 ) -> dict[str, Any]:
     """The request log's line for a request: `attempt` is its prompt's count (None: the rate
     limit refused it before its script was played)."""
+    conversation = call.conversation or Conversation(call.prompt, call.system)
     return {
         "api": api,
         "model": call.model,
@@ -406,6 +411,10 @@ def _log_entry(
         "system": None if call.system is None else _logged(call.system),
         "max_tokens": call.max_tokens,
         "temperature": call.temperature,
+        # The conversation: the tools offered, whether it handed back tool results, images.
+        "tools": [tool.name for tool in conversation.tools],
+        "after_tool": conversation.after_tool,
+        "images": list(conversation.images),
         "attempt": attempt,
         "step": step,
         "stream": call.stream,
@@ -433,7 +442,7 @@ def create_mock_app(provider: MockProvider | None = None) -> FastAPI:
             reply = _reply(call, call.script())
         except (ValueError, ValidationError) as err:
             return _error(api, 400, f"mock provider cannot read this request: {err}")
-        verdict = state.minute.admit(reply.input_tokens, len(reply.words))
+        verdict = state.minute.admit(reply.input_tokens, reply.output_tokens)
         if not verdict.allowed:
             # Refused before the script is consulted: the request does not count as one of
             # its prompt's, as a provider's rate limit knows nothing of our scripts.
@@ -506,15 +515,7 @@ def _has_credential(api: Api, request: Request) -> bool:
 def _read_call(api: Api, body: Any) -> ChatCall:
     if not isinstance(body, dict):
         raise ValueError("the body is not a JSON object")
-    raw = body.get("messages")
-    messages = [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
-    user = [m for m in messages if m.get("role") == "user"]
-    if api == "openai":
-        system = next((_text(m) for m in messages if m.get("role") == "system"), None)
-    elif body.get("system") is not None:
-        system = _text({"content": body["system"]})
-    else:
-        system = None
+    conversation = read_conversation(api, body)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     temperature = body.get("temperature")
     stream_options = body.get("stream_options")
@@ -522,25 +523,17 @@ def _read_call(api: Api, body: Any) -> ChatCall:
         return ChatCall(
             api=api,
             model=str(body.get("model") or ""),
-            prompt=_text(user[-1]) if user else "",
-            system=system,
+            prompt=conversation.prompt,
+            system=conversation.system,
             max_tokens=int(max_tokens) if max_tokens is not None else None,
             temperature=float(temperature) if temperature is not None else None,
             stream=body.get("stream") is True,
             include_usage=isinstance(stream_options, dict)
             and stream_options.get("include_usage") is True,
+            conversation=conversation,
         )
     except TypeError as err:
         raise ValueError(str(err)) from err
-
-
-def _text(message: dict[str, Any]) -> str:
-    """A message's content as text: a string, or a list of text parts (both APIs allow it)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    parts: Iterable[Any] = content if isinstance(content, list) else []
-    return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
 
 
 async def _answer(
@@ -663,6 +656,8 @@ class Reply:
     request_id: str
     # The model the answer names (the script's `answer_model`, else the one asked for).
     model: str
+    # Instead of text, tool calls: (id, name, arguments as JSON text) each.
+    calls: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def api(self) -> Api:
@@ -679,8 +674,8 @@ class Reply:
     @property
     def finish_reason(self) -> str:
         if self.api == "openai":
-            return "length" if self.truncated else "stop"
-        return "max_tokens" if self.truncated else "end_turn"
+            return "tool_calls" if self.calls else "length" if self.truncated else "stop"
+        return "tool_use" if self.calls else "max_tokens" if self.truncated else "end_turn"
 
     @property
     def answer_id(self) -> str:
@@ -688,12 +683,26 @@ class Reply:
         prefix = "chatcmpl-mock-" if self.api == "openai" else "msg_mock_"
         return f"{prefix}{self.request_id.removeprefix('req_mock_')[:12]}"
 
-    def pieces(self) -> Iterator[str]:
-        """The stream's text chunks, whose concatenation is `text`."""
-        return (word if i == 0 else f" {word}" for i, word in enumerate(self.words))
+    def pieces(self) -> Iterator[str | CallPiece]:
+        """The stream's chunks: text, whose concatenation is `text`, or each call's start and
+        its arguments a fragment at a time."""
+        if not self.calls:
+            return (word if i == 0 else f" {word}" for i, word in enumerate(self.words))
+        return (
+            piece
+            for index, (call_id, name, arguments) in enumerate(self.calls)
+            for piece in (
+                CallPiece(index, call_id, name),
+                *(CallPiece(index, arguments=part) for part in fragments(arguments)),
+            )
+        )
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.words) + sum(len(list(fragments(c[2]))) for c in self.calls)
 
     def usage(self) -> dict[str, int]:
-        output_tokens = len(self.words)
+        output_tokens = self.output_tokens
         if self.api == "anthropic":
             return {"input_tokens": self.input_tokens, "output_tokens": output_tokens}
         return {
@@ -713,7 +722,24 @@ class Reply:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": self.text},
+                        "message": {
+                            "role": "assistant",
+                            "content": None if self.calls else self.text,
+                            **(
+                                {
+                                    "tool_calls": [
+                                        {
+                                            "id": call_id,
+                                            "type": "function",
+                                            "function": {"name": name, "arguments": arguments},
+                                        }
+                                        for call_id, name, arguments in self.calls
+                                    ]
+                                }
+                                if self.calls
+                                else {}
+                            ),
+                        },
                         "finish_reason": self.finish_reason,
                     }
                 ],
@@ -724,7 +750,11 @@ class Reply:
             "type": "message",
             "role": "assistant",
             "model": self.model,
-            "content": [{"type": "text", "text": self.text}],
+            "content": [
+                {"type": "tool_use", "id": call_id, "name": name, "input": json.loads(arguments)}
+                for call_id, name, arguments in self.calls
+            ]
+            or [{"type": "text", "text": self.text}],
             "stop_reason": self.finish_reason,
             "stop_sequence": None,
             "usage": self.usage(),
@@ -741,15 +771,33 @@ class Reply:
 def _reply(call: ChatCall, script: Script) -> Reply:
     """A deterministic answer: the prompt after a digest of it, its words repeated up to
     `script.chunks`, then cut to `max_tokens`."""
-    digest = hashlib.sha256(call.prompt.encode()).hexdigest()[:12]
-    words = f"[mock:{digest}] {call.prompt}".split()
-    words = list(islice(cycle(words), max(len(words), script.chunks)))
     request_id = script.request_id or _request_id()
     model = script.answer_model or call.model
+    conversation = call.conversation
+    tool = conversation.calls_tool if conversation is not None else None
+    if tool is not None:
+        prefix = "call_mock_" if call.api == "openai" else "toolu_mock_"
+        arguments = json.dumps(sample_arguments(tool.parameters))
+        calls = ((f"{prefix}{uuid.uuid4().hex[:12]}", tool.name, arguments),)
+        return Reply(call, [], False, request_id, model, calls)
+    digest = hashlib.sha256(call.prompt.encode()).hexdigest()[:12]
+    shown = image_words(conversation.images) if conversation is not None else []
+    words = [f"[mock:{digest}]", *shown, *call.prompt.split()]
+    words = list(islice(cycle(words), max(len(words), script.chunks)))
     limit = call.max_tokens
     if limit is not None and len(words) > limit:
         return Reply(call, words[:limit], True, request_id, model)
     return Reply(call, words, False, request_id, model)
+
+
+@dataclass(frozen=True)
+class CallPiece:
+    """A streamed tool call's piece: its start (id and name), or a fragment of its arguments."""
+
+    index: int
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
 
 
 class Wire(Protocol):
@@ -760,7 +808,7 @@ class Wire(Protocol):
 
     def head(self) -> list[bytes]: ...
 
-    def piece(self, text: str) -> bytes: ...
+    def piece(self, piece: str | CallPiece) -> bytes: ...
 
     def tail(self) -> list[bytes]: ...
 
@@ -797,10 +845,18 @@ class OpenAIWire:
         return _sse({**self.base, "choices": [choice]})
 
     def head(self) -> list[bytes]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+        return [self._chunk({"role": "assistant", "content": None if self.reply.calls else ""})]
 
-    def piece(self, text: str) -> bytes:
-        return self._chunk({"content": text})
+    def piece(self, piece: str | CallPiece) -> bytes:
+        if isinstance(piece, str):
+            return self._chunk({"content": piece})
+        call: dict[str, Any] = {"index": piece.index}
+        if piece.call_id is not None:
+            call |= {"id": piece.call_id, "type": "function"}
+            call["function"] = {"name": piece.name, "arguments": ""}
+        else:
+            call["function"] = {"arguments": piece.arguments}
+        return self._chunk({"tool_calls": [call]})
 
     def tail(self) -> list[bytes]:
         frames = [self._chunk({}, self.reply.finish_reason)]
@@ -836,30 +892,44 @@ class AnthropicWire:
             # As the API does: the input is counted, the output is not yet.
             "usage": {"input_tokens": self.reply.input_tokens, "output_tokens": 1},
         }
-        return [
-            _sse({"type": "message_start", "message": message}, "message_start"),
-            _sse(
-                {
-                    "type": "content_block_start",
-                    "index": 0,
-                    "content_block": {"type": "text", "text": ""},
-                },
-                "content_block_start",
-            ),
-            _sse({"type": "ping"}, "ping"),
-        ]
+        started = [_sse({"type": "message_start", "message": message}, "message_start")]
+        if not self.reply.calls:
+            started.append(self._start(0, {"type": "text", "text": ""}))
+        return [*started, _sse({"type": "ping"}, "ping")]
 
-    def piece(self, text: str) -> bytes:
-        delta = {"type": "text_delta", "text": text}
+    @staticmethod
+    def _start(index: int, block: dict[str, Any]) -> bytes:
+        started = {"type": "content_block_start", "index": index, "content_block": block}
+        return _sse(started, "content_block_start")
+
+    def piece(self, piece: str | CallPiece) -> bytes:
+        if isinstance(piece, CallPiece) and piece.call_id is not None:
+            block: dict[str, Any] = {
+                "type": "tool_use",
+                "id": piece.call_id,
+                "name": piece.name,
+                "input": {},
+            }
+            stop = {"type": "content_block_stop", "index": piece.index - 1}
+            before = _sse(stop, "content_block_stop") if piece.index else b""
+            return before + self._start(piece.index, block)
+        if isinstance(piece, CallPiece):
+            index, delta = (
+                piece.index,
+                {"type": "input_json_delta", "partial_json": piece.arguments},
+            )
+        else:
+            index, delta = 0, {"type": "text_delta", "text": piece}
         return _sse(
-            {"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"
+            {"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta"
         )
 
     def tail(self) -> list[bytes]:
         delta = {"stop_reason": self.reply.finish_reason, "stop_sequence": None}
-        usage = {"output_tokens": len(self.reply.words)}
+        usage = {"output_tokens": self.reply.output_tokens}
+        last = max(len(self.reply.calls) - 1, 0)
         return [
-            _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+            _sse({"type": "content_block_stop", "index": last}, "content_block_stop"),
             _sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta"),
             _sse({"type": "message_stop"}, "message_stop"),
         ]

@@ -132,6 +132,7 @@ def build_app(
                 max_lines=settings.batch_max_lines,
             ),
             max_prompt_bytes=settings.max_prompt_bytes,
+            max_image_bytes=settings.max_image_bytes,
             max_file_bytes=settings.max_file_bytes,
             org_max_file_bytes=settings.org_max_file_bytes,
             sse_keepalive_s=settings.sse_keepalive_s,
@@ -177,8 +178,16 @@ def api_server(app: Starlette, host: str, port: int, *, grace_s: float = 5.0) ->
         lifespan="off",
         # In-flight requests get this long after should_exit; then their tasks are cancelled.
         timeout_graceful_shutdown=max(1, round(grace_s)),
+        # An idle connection is kept longer than clients keep theirs in their pools (httpx
+        # 5 s, aiohttp 15 s), so the client closes first: a server closing at the moment a
+        # client reuses the connection fails that request (a ReadError) for nothing.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     return ApiServer(config)
+
+
+# How long the API keeps an idle HTTP connection open (docs/decisions.md).
+KEEP_ALIVE_S = 65
 
 
 def temporal_cli() -> str:

@@ -107,7 +107,11 @@ class Settings(BaseSettings):
     (submit the prompt again as a new one). Keeps every read of a prompt bounded."""
     max_prompt_bytes: int = 100_000
     """Largest prompt the API accepts, in UTF-8 bytes (with `options.system`, which goes to
-    the provider with it)."""
+    the provider with it); a conversation's is its transcript's (its messages' text and tool
+    calls), its images apart."""
+    max_image_bytes: int = Field(default=10_000_000, ge=0)
+    """The images one request may give inline (base64 data URLs), in bytes all told; an image
+    given by https:// URL is the provider's to fetch and counts nothing. 0: none inline."""
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     """Largest file `POST /v1/files` accepts (a batch's input file), in bytes."""
     org_max_file_bytes: int = Field(default=5 * 1024**3, ge=1)

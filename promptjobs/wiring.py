@@ -192,6 +192,7 @@ def build_job_service(
         adapters,
         max_attempts_default=settings.max_attempts_default,
         max_prompt_bytes=settings.max_prompt_bytes,
+        max_image_bytes=settings.max_image_bytes,
         metrics_org_labels=settings.metrics_org_labels,
         max_jobs_per_prompt=settings.max_jobs_per_prompt,
     )

@@ -14,6 +14,16 @@ from typing import Any
 from opentelemetry import trace
 
 from activities.adapters.base import AdapterRegistry
+from activities.adapters.conversation import (
+    ImagesTooLarge,
+    check_conversation,
+    count_images,
+    image_bytes,
+    images_of,
+    parse_messages,
+    transcript,
+    user_texts,
+)
 from activities.adapters.options import PromptOptions
 from activities.budgets import least_tokens
 from projections import metrics
@@ -36,6 +46,8 @@ class Checked:
 
     submission: Submission
     options: PromptOptions
+    # The conversation's images (a budget's estimate counts them).
+    images: int = 0
 
 
 # How stale the budgets' token limits a submission is checked against may be.
@@ -51,6 +63,7 @@ class JobService:
         *,
         max_attempts_default: int,
         max_prompt_bytes: int,
+        max_image_bytes: int = 20 * 2**20,
         metrics_org_labels: bool = False,
         max_jobs_per_prompt: int | None = None,
     ) -> None:
@@ -59,6 +72,7 @@ class JobService:
         self.adapters = adapters
         self.max_attempts_default = max_attempts_default
         self.max_prompt_bytes = max_prompt_bytes
+        self.max_image_bytes = max_image_bytes
         self.metrics_org_labels = metrics_org_labels
         self.max_jobs_per_prompt = max_jobs_per_prompt
         self._token_limits: dict[str, int] = {}
@@ -67,23 +81,34 @@ class JobService:
     def check(self, submission: Submission) -> Checked:
         """The submission as it will be recorded (the default attempts filled in) and its
         options parsed into their model, or the Refused that says why it never could run:
-        PromptTooLarge, InvalidOptions, UnknownPlaceholder. The provider budget is
+        PromptTooLarge, InvalidOptions, InvalidConversation, ImagesTooLarge,
+        UnknownPlaceholder. A conversation's `text` becomes its transcript. The provider budget is
         `check_budget`'s (it reads the store)."""
+        placed = submission.text
+        images = 0
+        if submission.messages is not None:
+            messages = parse_messages(submission.messages)
+            check_conversation(messages)
+            if (inline := image_bytes(messages)) > self.max_image_bytes:
+                raise ImagesTooLarge(inline, self.max_image_bytes)
+            images = len(images_of(messages))
+            placed = user_texts(messages)
+            submission = replace(submission, text=transcript(messages))
         system = submission.options.get("system")
         check_size(
             submission.text, system if isinstance(system, str) else None, self.max_prompt_bytes
         )
         options = self.adapters.parse(submission.options)
-        check_placeholders(submission.text, submission.after)
+        check_placeholders(placed, submission.after)
         if submission.max_attempts is None:
             submission = replace(submission, max_attempts=self.max_attempts_default)
-        return Checked(submission, options)
+        return Checked(submission, options, images)
 
     def validate_options(self, options: Mapping[str, Any]) -> None:
         """Raise InvalidOptions now rather than fail the job minutes later."""
         self.adapters.validate(options)
 
-    async def check_budget(self, text: str, options: PromptOptions) -> None:
+    async def check_budget(self, text: str, options: PromptOptions, images: int = 0) -> None:
         """Raise OverBudget if the job's call alone needs more tokens than its provider budget
         has in a minute (the budgets' limits are read at most every BUDGETS_READ_S)."""
         if time.monotonic() - self._budgets_read_at >= BUDGETS_READ_S:
@@ -93,14 +118,14 @@ class JobService:
             return
         name = budget_name(self.adapters.provider_of(options), self.adapters.model_of(options))
         tpm = self._token_limits.get(name)
-        if tpm is not None and (needed := least_tokens(self.adapters, text, options)) > tpm:
+        if tpm is not None and (needed := least_tokens(self.adapters, text, options, images)) > tpm:
             raise OverBudget(name, needed, tpm)
 
     async def submit(self, scope: Scope, submission: Submission) -> Submitted:
         """Check the submission (`check`, then its budget) and record the prompt and its
         queued job: the commit is the acceptance; the dispatcher starts its workflow."""
         checked = self.check(submission)
-        await self.check_budget(checked.submission.text, checked.options)
+        await self.check_budget(checked.submission.text, checked.options, checked.images)
         accepted = await self.store.submit(scope, checked.submission)
         # On the request's span (a no-op span while tracing is off).
         trace.get_current_span().set_attributes(
@@ -126,7 +151,8 @@ class JobService:
         for line in lines:
             options = self.adapters.parse(line.submission.options)  # it passed `check`
             try:
-                await self.check_budget(line.submission.text, options)
+                images = count_images(line.submission.messages)
+                await self.check_budget(line.submission.text, options, images)
             except OverBudget as err:
                 log.warning("batch %s line %d: %s", batch.batch_id, line.line, err)
         return await self.store.batches.accept(batch, first, lines)

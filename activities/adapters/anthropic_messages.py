@@ -3,13 +3,13 @@ failures classified."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any
 
 import anthropic
-from anthropic.types import MessageParam
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
@@ -31,6 +31,17 @@ from activities.adapters.chat import (
     stream_failure,
     streamed_call,
     transport_failure,
+)
+from activities.adapters.conversation import (
+    DATA_URL,
+    AssistantMessage,
+    DeveloperMessage,
+    ImagePart,
+    Message,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    text_of,
 )
 from activities.adapters.options import PromptOptions
 from activities.errors import AdapterError
@@ -101,10 +112,23 @@ class MessageStart(BaseModel):
 class _TextDelta(BaseModel):
     type: str
     text: str | None = None
+    partial_json: str | None = None
 
 
 class BlockDelta(BaseModel):
+    index: int = 0
     delta: _TextDelta
+
+
+class _StartedBlock(BaseModel):
+    type: str
+    id: str | None = None
+    name: str | None = None
+
+
+class BlockStart(BaseModel):
+    index: int = 0
+    content_block: _StartedBlock
 
 
 class _StopDelta(BaseModel):
@@ -116,11 +140,26 @@ class MessageDelta(BaseModel):
     usage: _Usage | None = None
 
 
+# Anthropic's stop reasons in the words every adapter uses (lifecycle.FINISH_REASONS).
+STOP_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+
+def finish_reason(stop_reason: str | None) -> str | None:
+    return STOP_REASONS.get(stop_reason, stop_reason) if stop_reason else None
+
+
 def read_stream_event(
     provider: str, data: object, answer: StreamedAnswer, output: StreamedOutput
 ) -> None:
-    """One event of the Messages stream. Events we do not record (a tool's or thinking's
-    blocks, events added later) pass unread."""
+    """One event of the Messages stream: text and tool calls (`tool_use` blocks, their
+    arguments in `input_json_delta`s) are recorded; what else comes (thinking, events added
+    later) passes unread."""
     kind = read_event(provider, _Event, data, "stream event").type
     if kind == "message_start":
         message = read_event(provider, MessageStart, data, "message_start event").message
@@ -129,19 +168,104 @@ def read_stream_event(
         if message.usage is not None:
             # Its output count is a placeholder; message_delta gives the real one.
             output.usage(input_tokens=message.usage.input_tokens)
+    elif kind == "content_block_start":
+        start = read_event(provider, BlockStart, data, "content_block_start event")
+        if start.content_block.type == "tool_use":
+            tool = start.content_block
+            output.tool_call(start.index, call_id=tool.id, name=tool.name)
     elif kind == "content_block_delta":
-        delta = read_event(provider, BlockDelta, data, "content_block_delta event").delta
-        if delta.type == "text_delta":
-            output.delta(delta.text or "")
+        piece = read_event(provider, BlockDelta, data, "content_block_delta event")
+        if piece.delta.type == "text_delta":
+            output.delta(piece.delta.text or "")
+        elif piece.delta.type == "input_json_delta":
+            output.tool_call(piece.index, arguments=piece.delta.partial_json or "")
     elif kind == "message_delta":
         event = read_event(provider, MessageDelta, data, "message_delta event")
-        answer.finish_reason = event.delta.stop_reason or answer.finish_reason
+        answer.finish_reason = finish_reason(event.delta.stop_reason) or answer.finish_reason
         if event.usage is not None:
             output.usage(
                 input_tokens=event.usage.input_tokens, output_tokens=event.usage.output_tokens
             )
     elif kind == "message_stop":
         answer.finished = True
+
+
+def anthropic_messages(conversation: Sequence[Message]) -> list[dict[str, Any]]:
+    """The conversation as Messages API turns: its system and developer text goes to
+    `system` (not here); an assistant's tool calls are `tool_use` blocks; tool results are
+    `tool_result` blocks of a user turn; turns of one role in a row are one turn."""
+    turns: list[dict[str, Any]] = []
+    for message in conversation:
+        if isinstance(message, SystemMessage | DeveloperMessage):
+            continue
+        role = "assistant" if isinstance(message, AssistantMessage) else "user"
+        blocks = content_blocks(message)
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return turns
+
+
+def content_blocks(message: Message) -> list[dict[str, Any]]:
+    if isinstance(message, ToolMessage):
+        return [
+            {
+                "type": "tool_result",
+                "tool_use_id": message.tool_call_id,
+                "content": text_of(message.content),
+            }
+        ]
+    content = message.content
+    parts: list[Any] = (
+        [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or ())
+    )
+    blocks: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, ImagePart):
+            blocks.append({"type": "image", "source": image_source(part.image_url.url)})
+        elif part.text:
+            blocks.append({"type": "text", "text": part.text})
+    if isinstance(message, AssistantMessage):
+        for call in message.tool_calls or ():
+            arguments = json.loads(call.function.arguments)
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.function.name,
+                    # The API takes an object; other JSON the model wrote is kept whole.
+                    "input": arguments if isinstance(arguments, dict) else {"value": arguments},
+                }
+            )
+    return blocks
+
+
+def image_source(url: str) -> dict[str, Any]:
+    found = DATA_URL.match(url)
+    if found is None:
+        return {"type": "url", "url": url}
+    media_type, data = found.groups()
+    return {"type": "base64", "media_type": media_type, "data": "".join(data.split())}
+
+
+def anthropic_tool_choice(options: PromptOptions) -> dict[str, Any] | None:
+    """`tool_choice` in the Messages API's words (`required` is `any`), with parallel calls
+    turned off where the job says so."""
+    choice = options.tool_choice
+    if choice is None and options.parallel_tool_calls is None:
+        return None
+    if choice is None:
+        if not options.tools:
+            return None
+        picked: dict[str, Any] = {"type": "auto"}
+    elif isinstance(choice, str):
+        picked = {"type": {"auto": "auto", "none": "none", "required": "any"}[choice]}
+    else:
+        picked = {"type": "tool", "name": choice.function.name}
+    if options.parallel_tool_calls is False and picked["type"] != "none":
+        picked["disable_parallel_tool_use"] = True
+    return picked
 
 
 class AnthropicMessagesAdapter(ChatAdapter):
@@ -163,10 +287,15 @@ class AnthropicMessagesAdapter(ChatAdapter):
 
     def refuse(self, options: PromptOptions) -> None:
         # API version 2026-10-21 (the one SDK 2.x speaks) refuses every sampling parameter.
-        if options.temperature is not None:
+        for name in ("temperature", "top_p"):
+            if getattr(options, name) is not None:
+                raise InvalidOptions(
+                    f"options.{name}: the Anthropic Messages API takes no {name} since API "
+                    "version 2026-10-21; leave it out"
+                )
+        if options.seed is not None:
             raise InvalidOptions(
-                "options.temperature: the Anthropic Messages API takes no temperature since API "
-                "version 2026-10-21; leave it out"
+                "options.seed: the Anthropic Messages API has no seed; leave it out"
             )
 
     @cached_property
@@ -184,14 +313,37 @@ class AnthropicMessagesAdapter(ChatAdapter):
         """The Messages request the job makes (without `stream`): one call's, or one
         request's of a message batch."""
         options = request.options
-        messages: list[MessageParam] = [{"role": "user", "content": request.prompt}]
+        conversation = request.conversation
         params: dict[str, Any] = {
             "model": options.model or self.model,
             "max_tokens": options.max_tokens or self.max_tokens,
-            "messages": messages,
+            "messages": anthropic_messages(conversation),
         }
-        if options.system:
-            params["system"] = options.system
+        system = [options.system or ""] + [
+            text_of(m.content) for m in conversation if m.role in ("system", "developer")
+        ]
+        if any(system):
+            params["system"] = "\n\n".join(text for text in system if text)
+        if options.stop is not None:
+            params["stop_sequences"] = (
+                [options.stop] if isinstance(options.stop, str) else options.stop
+            )
+        if options.tools:
+            params["tools"] = [
+                {
+                    "name": tool.function.name,
+                    **(
+                        {"description": tool.function.description}
+                        if tool.function.description
+                        else {}
+                    ),
+                    "input_schema": tool.function.parameters
+                    or {"type": "object", "properties": {}},
+                }
+                for tool in options.tools
+            ]
+        if (choice := anthropic_tool_choice(options)) is not None:
+            params["tool_choice"] = choice
         return params
 
     def batches(self) -> AnthropicBatches:
@@ -233,6 +385,9 @@ class AnthropicMessagesAdapter(ChatAdapter):
 class _Block(BaseModel):
     type: str
     text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: Any = None
 
 
 class WholeMessage(BaseModel):
@@ -352,6 +507,15 @@ class AnthropicBatches:
                 return LineResult(custom_id, error=failure)
             usage = message.usage or _Usage()
             text = "".join(block.text or "" for block in message.content if block.type == "text")
+            calls = [
+                {
+                    "id": block.id or f"call_{i}",
+                    "name": block.name or "",
+                    "arguments": json.dumps(block.input if block.input is not None else {}),
+                }
+                for i, block in enumerate(message.content)
+                if block.type == "tool_use"
+            ]
             return LineResult(
                 custom_id,
                 result=AttemptResult(
@@ -359,9 +523,10 @@ class AnthropicBatches:
                     provider=self.name,
                     model=(message.model or self.adapter.model)[:128],
                     provider_request_id=message.id[:255] if message.id else None,
-                    finish_reason=message.stop_reason[:64] if message.stop_reason else None,
+                    finish_reason=(finish_reason(message.stop_reason) or "")[:64] or None,
                     input_tokens=usage.input_tokens,
                     output_tokens=usage.output_tokens,
+                    tool_calls=calls or None,
                 ),
             )
         if kind == "errored":

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from activities.adapters.conversation import Message, one_message
 from activities.adapters.options import PromptOptions
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import AttemptResult
@@ -20,12 +21,21 @@ M = TypeVar("M", bound=BaseModel)
 class AdapterRequest:
     job_id: str
     prompt_id: str
+    # The prompt's text: a conversation's transcript (what the fake answers and a log shows).
     prompt: str
     attempt: int
     # Parsed once, from the job's stored JSON (`options_of`): the adapter reads its fields.
     options: PromptOptions = field(default_factory=PromptOptions)
     # Why stored options cannot run (`options_of`), if so: the call fails as provider_4xx.
     unrunnable: str | None = None
+    # A conversation's messages, a chain's answers in place; empty: `prompt` is one user
+    # message.
+    messages: Sequence[Message] = ()
+
+    @property
+    def conversation(self) -> list[Message]:
+        """What the model is sent (besides `options.system`), in the chat format."""
+        return list(self.messages) or one_message(self.prompt)
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,8 @@ class StreamedOutput:
         # What the provider's last answer said of its rate limits, if anything.
         self.limits: ProviderLimits | None = None
         self._on_delta = on_delta
+        # The tool calls streamed so far, by their place in the answer: id, name, arguments.
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}
 
     def answered_with(self, headers: Mapping[str, str]) -> None:
         """The headers of the provider's answer (a success's or an error's)."""
@@ -98,6 +110,38 @@ class StreamedOutput:
         self.deltas += 1
         if self._on_delta is not None:
             self._on_delta()
+
+    def tool_call(
+        self,
+        index: int,
+        *,
+        call_id: str | None = None,
+        name: str | None = None,
+        arguments: str = "",
+    ) -> None:
+        """A piece of the tool call at `index` of the answer: its id and name when the
+        provider first says them, then its arguments' JSON text a fragment at a time."""
+        if self.first_delta_at is None:
+            self.first_delta_at = time.monotonic()
+        known_id, known_name, parts = self._calls.get(index, ("", "", []))
+        self._calls[index] = (call_id or known_id, name or known_name, parts)
+        if arguments:
+            parts.append(arguments)
+
+    @property
+    def tool_calls(self) -> list[dict[str, str]] | None:
+        """The tool calls received, in the answer's order (None: none). A call without
+        arguments has `{}`; one the provider gave no id gets `call_<index>`."""
+        if not self._calls:
+            return None
+        return [
+            {
+                "id": call_id or f"call_{index}",
+                "name": name,
+                "arguments": "".join(parts) or "{}",
+            }
+            for index, (call_id, name, parts) in sorted(self._calls.items())
+        ]
 
     def usage(
         self,

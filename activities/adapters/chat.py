@@ -254,4 +254,5 @@ def chat_result(
         input_tokens=output.input_tokens,
         output_tokens=output.output_tokens,
         latency_ms=round((time.monotonic() - started) * 1000),
+        tool_calls=output.tool_calls,
     )

@@ -1,12 +1,15 @@
-"""The `fake` provider: deterministic output from the prompt, latency and failures on request."""
+"""The `fake` provider: deterministic output from the prompt (a conversation's transcript),
+latency and failures on request, and a tool call where tools are offered."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 
 from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
+from activities.adapters.conversation import ToolChoiceFunction, sample_arguments
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
@@ -27,6 +30,27 @@ def fake_chunks(text: str) -> list[str]:
 MID_STREAM = frozenset(
     {ErrorKind.PROVIDER_5XX, ErrorKind.TIMEOUT, ErrorKind.UNKNOWN, ErrorKind.WORKER_CRASH}
 )
+
+
+def scripted_calls(request: AdapterRequest) -> list[dict[str, str]]:
+    """The fake's tool calls: offered tools and a conversation that does not end in a tool's
+    result, it calls the one `tool_choice` names (else the first) with arguments that fit its
+    parameters' types; otherwise it answers in text (a tool's result too)."""
+    options = request.options
+    conversation = request.conversation
+    if not options.tools or options.tool_choice == "none" or conversation[-1].role == "tool":
+        return []
+    chosen = options.tool_choice
+    name = chosen.function.name if isinstance(chosen, ToolChoiceFunction) else None
+    tool = next((t for t in options.tools if t.function.name == name), options.tools[0])
+    digest = hashlib.sha256(request.prompt.encode()).hexdigest()[:12]
+    return [
+        {
+            "id": f"call_fake_{digest}",
+            "name": tool.function.name,
+            "arguments": json.dumps(sample_arguments(tool.function.parameters)),
+        }
+    ]
 
 
 class FakeAdapter:
@@ -55,7 +79,7 @@ class FakeAdapter:
         at the end of that time (after half the answer, for a failure that can cut a stream)."""
         self.check(request.options)
         behaviour = request.options.fake or FakeOptions()
-        text = fake_output(request.prompt)
+        text = "" if scripted_calls(request) else fake_output(request.prompt)
         chunks = fake_chunks(text)
         pause_s = behaviour.latency_ms / 1000 / len(chunks)
         failing = (
@@ -87,12 +111,17 @@ class FakeAdapter:
                 f"fake adapter: injected {failing.value} on attempt {request.attempt}",
                 retry_after_s=behaviour.retry_after_s if failing is ErrorKind.RATE_LIMIT else None,
             )
+        calls = scripted_calls(request)
+        for index, call in enumerate(calls):
+            output.tool_call(index, call_id=call["id"], name=call["name"])
+            output.tool_call(index, arguments=call["arguments"])
         return AttemptResult(
             text=output.text,
             provider=self.name,
             model=request.options.model or self.model,
             provider_request_id=None,
-            finish_reason="stop",
+            finish_reason="tool_calls" if calls else "stop",
+            tool_calls=output.tool_calls,
             input_tokens=output.input_tokens,
             output_tokens=output.output_tokens,
             latency_ms=behaviour.latency_ms,

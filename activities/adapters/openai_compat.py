@@ -11,7 +11,6 @@ from functools import cached_property
 from typing import Any, Literal
 
 import openai
-from openai.types.chat import ChatCompletionMessageParam
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from activities.adapters.base import AdapterRequest, StreamedOutput
@@ -35,6 +34,7 @@ from activities.adapters.chat import (
     streamed_call,
     transport_failure,
 )
+from activities.adapters.conversation import Message
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
 
@@ -86,9 +86,21 @@ def classify(
     return transport_failure(provider, err, TRANSPORT_KINDS)
 
 
+class _FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(BaseModel):
+    index: int = 0
+    id: str | None = None
+    function: _FunctionDelta | None = None
+
+
 class _Delta(BaseModel):
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
 
 
 class _Choice(BaseModel):
@@ -122,6 +134,14 @@ def read_chunk(chunk: ChatCompletionChunk, answer: StreamedAnswer, output: Strea
         if choice.delta is not None:
             output.delta(choice.delta.content or "")
             output.delta(choice.delta.refusal or "")
+            for call in choice.delta.tool_calls or ():
+                function = call.function or _FunctionDelta()
+                output.tool_call(
+                    call.index,
+                    call_id=call.id,
+                    name=function.name,
+                    arguments=function.arguments or "",
+                )
         if choice.finish_reason:
             answer.finish_reason = choice.finish_reason
             # The last choice chunk; the usage chunk may follow, but the answer is whole.
@@ -130,6 +150,20 @@ def read_chunk(chunk: ChatCompletionChunk, answer: StreamedAnswer, output: Strea
         output.usage(
             input_tokens=chunk.usage.prompt_tokens, output_tokens=chunk.usage.completion_tokens
         )
+
+
+# What an assistant message may carry back from OpenAI's SDK that a request does not send.
+ANSWER_ONLY = frozenset({"refusal", "annotations", "audio", "function_call"})
+
+
+def chat_message(message: Message) -> dict[str, Any]:
+    """A message of the conversation as Chat Completions takes it. A `developer` message goes
+    as `system`, which every compatible server knows (OpenAI reads it as developer text for
+    the models that have the role)."""
+    sent = message.model_dump(mode="json", exclude_none=True, exclude=set(ANSWER_ONLY))
+    if sent["role"] == "developer":
+        sent["role"] = "system"
+    return sent
 
 
 class OpenAICompatAdapter(ChatAdapter):
@@ -166,13 +200,22 @@ class OpenAICompatAdapter(ChatAdapter):
         """The chat completion request the job makes (without its streaming arguments): one
         call's, or one line's of a provider batch."""
         options = request.options
-        messages: list[ChatCompletionMessageParam] = []
+        messages: list[dict[str, Any]] = []
         if options.system:
             messages.append({"role": "system", "content": options.system})
-        messages.append({"role": "user", "content": request.prompt})
+        messages.extend(chat_message(message) for message in request.conversation)
         body: dict[str, Any] = {"model": options.model or self.model, "messages": messages}
-        if options.temperature is not None:
-            body["temperature"] = options.temperature
+        for name in ("temperature", "top_p", "seed", "stop", "parallel_tool_calls"):
+            if (value := getattr(options, name)) is not None:
+                body[name] = value
+        if options.tools:
+            body["tools"] = [
+                tool.model_dump(mode="json", exclude_none=True) for tool in options.tools
+            ]
+        if isinstance(options.tool_choice, str):
+            body["tool_choice"] = options.tool_choice
+        elif options.tool_choice is not None:
+            body["tool_choice"] = options.tool_choice.model_dump(mode="json")
         max_tokens = options.max_tokens or self.max_tokens
         if max_tokens is not None:
             body[self.max_tokens_field] = max_tokens
@@ -220,9 +263,20 @@ class OpenAICompatAdapter(ChatAdapter):
         )
 
 
+class _Function(BaseModel):
+    name: str = ""
+    arguments: str = ""
+
+
+class _ToolCall(BaseModel):
+    id: str = ""
+    function: _Function = Field(default_factory=_Function)
+
+
 class _Message(BaseModel):
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
 
 
 class _CompletionChoice(BaseModel):
@@ -376,4 +430,14 @@ class OpenAIBatches:
             finish_reason=choice.finish_reason[:64] if choice.finish_reason else None,
             input_tokens=usage.prompt_tokens,
             output_tokens=usage.completion_tokens,
+            tool_calls=[
+                {
+                    "id": call.id or f"call_{i}",
+                    "name": call.function.name,
+                    "arguments": call.function.arguments or "{}",
+                }
+                for i, call in enumerate(choice.message.tool_calls)
+            ]
+            if choice.message.tool_calls
+            else None,
         )

@@ -3,31 +3,16 @@ the job by. Typed as JSON is (a stored job's options are the JSON its client sen
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, Field, Strict, ValidationError, model_validator
 
+from activities.adapters.conversation import MAX_TOOLS, Tool, ToolChoice, check_tools
+from activities.adapters.json_types import JSON_INTEGER, NO_NUL, STRICT_BODY
 from projections.domain.lifecycle import ErrorKind
 from projections.models import Job, Prompt, job_options
 
-# PostgreSQL text cannot hold NUL; refuse it at the door instead of failing at the INSERT.
-NO_NUL = r"^[^\x00]*$"
-
-# A request body is JSON, so its types are JSON's: "50" is not a priority, true is not 1.
-# Models are strict; the few fields whose JSON form is a string (enums, datetimes) opt out.
-STRICT_BODY = ConfigDict(extra="forbid", strict=True)
-
-
-def _json_integer(value: Any) -> Any:
-    # JSON Schema's integer includes 41.0 but not true or "41"; pydantic's lax int takes all.
-    if isinstance(value, bool | str):
-        raise PydanticCustomError("int_type", "Input should be a valid integer")
-    return value
-
-
-# Bounds go before it in `Annotated`, or pydantic leaves them out of the JSON schema.
-JSON_INTEGER = (Strict(False), BeforeValidator(_json_integer))
+StopText = Annotated[str, Field(min_length=1, max_length=1_000, pattern=NO_NUL)]
 
 
 class FakeOptions(BaseModel):
@@ -52,7 +37,23 @@ class PromptOptions(BaseModel):
     model: str | None = Field(default=None, min_length=1, max_length=128, pattern=NO_NUL)
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000), *JSON_INTEGER] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1), *JSON_INTEGER] | None = None
+    stop: StopText | Annotated[list[StopText], Field(min_length=1, max_length=4)] | None = Field(
+        default=None, description="Stop at this text (or at any of up to 4)"
+    )
     system: str | None = Field(default=None, max_length=100_000, pattern=NO_NUL)
+    tools: list[Tool] | None = Field(
+        default=None, max_length=MAX_TOOLS, description="Functions the model may call"
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description="`auto` (the default with tools), `none`, `required`, or "
+        '{"type": "function", "function": {"name": …}}',
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None, description="Whether the model may ask for several calls at once"
+    )
     fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
     deferrable: bool | None = Field(
         default=None,
@@ -60,6 +61,11 @@ class PromptOptions(BaseModel):
         "batch price (about half); it stays queued until its batch runs it. A provider "
         "without a batch API runs it directly",
     )
+
+    @model_validator(mode="after")
+    def _tools_agree(self) -> PromptOptions:
+        check_tools(self.tools or (), self.tool_choice)
+        return self
 
 
 def options_of(job: Job, prompt: Prompt) -> tuple[PromptOptions, str | None]:

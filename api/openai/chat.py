@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from activities.adapters.base import AdapterRegistry
-from activities.adapters.options import NO_NUL
+from activities.adapters.json_types import NO_NUL
 from api.openai.responses import (
     CUT_AT_LIMIT,
     CreateResponse,

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from activities.adapters.base import AdapterRegistry, parse_options
-from activities.adapters.options import NO_NUL, PromptOptions
+from activities.adapters.json_types import NO_NUL
+from activities.adapters.options import PromptOptions
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Prompt

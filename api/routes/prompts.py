@@ -53,7 +53,8 @@ async def submit_prompt(
     ] = None,
 ) -> Accepted:
     submission = Submission(
-        text=body.prompt,
+        text=body.prompt or "",
+        messages=body.messages_as_sent(),
         priority=body.priority,
         max_attempts=body.max_attempts,
         options=body.options_as_sent(),
@@ -110,6 +111,7 @@ def _fitting(prompts: list[Prompt]) -> int:
     weight = 0
     for taken, prompt in enumerate(prompts):
         weight += len(prompt.text) + len(json.dumps(prompt.options))
+        weight += len(json.dumps(prompt.messages)) if prompt.messages else 0
         if weight > PROMPT_PAGE_CHARS and taken > 0:
             return taken
     return len(prompts)

@@ -286,6 +286,8 @@ class AttemptResult:
     provider: str
     model: str
     provider_request_id: str | None = None
+    # Why the model stopped, the same words on every provider (FINISH_REASONS), else the
+    # provider's own.
     finish_reason: str | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -296,3 +298,11 @@ class AttemptResult:
     usage_estimated: bool = False
     # What the attempt cost by the worker's price table; None when the model has no price.
     cost_usd: float | None = None
+    # The calls the model asked for, in order: each {"id", "name", "arguments"} (the arguments
+    # as JSON text, as the model wrote them); None: none. Plain JSON, as histories hold it.
+    tool_calls: list[dict[str, str]] | None = None
+
+
+# Why a model stopped: its answer was whole; it reached max_tokens; it asked for tools; a
+# filter cut it. Each adapter says its provider's reasons in these words.
+FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter")

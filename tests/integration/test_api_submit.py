@@ -33,9 +33,12 @@ def assert_problem(response: httpx.Response, status: int, code: str) -> dict[str
 
 @pytest.fixture
 async def small_stack(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
-    """SQLite, and a prompt limit of 64 bytes (PROMPTJOBS_MAX_PROMPT_BYTES)."""
+    """SQLite, and a prompt limit of 64 bytes (PROMPTJOBS_MAX_PROMPT_BYTES), no images inline."""
     settings = make_settings(
-        tmp_path, database_url=f"sqlite:///{tmp_path / 'small.db'}", max_prompt_bytes=64
+        tmp_path,
+        database_url=f"sqlite:///{tmp_path / 'small.db'}",
+        max_prompt_bytes=64,
+        max_image_bytes=0,
     )
     async with running_stack(settings, dev_server.client) as stack:
         yield stack
@@ -132,7 +135,7 @@ def _at(scheduled_for: str) -> dict[str, Any]:
 INVALID_BODIES: list[tuple[str, Any, str]] = [
     ("unknown field", {"prompt": "x", "colour": "red"}, "body.colour"),
     ("empty prompt", {"prompt": ""}, "body.prompt"),
-    ("missing prompt", {"priority": 1}, "body.prompt"),
+    ("missing prompt", {"priority": 1}, "body"),
     ("priority above 100", {"prompt": "x", "priority": 101}, "body.priority"),
     ("priority below 0", {"prompt": "x", "priority": -1}, "body.priority"),
     ("priority as text", {"prompt": "x", "priority": "5"}, "body.priority"),

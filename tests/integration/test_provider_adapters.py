@@ -157,6 +157,9 @@ async def test_openai_result_records_what_the_provider_answered(
         "system": "Be brief",
         "max_tokens": 3,
         "temperature": 0.3,
+        "tools": [],
+        "after_tool": False,
+        "images": [],
         "attempt": 1,
         "step": "ok",
         "stream": True,
@@ -195,7 +198,8 @@ async def test_anthropic_result_records_what_the_provider_answered(
     assert result.provider == "anthropic"
     assert result.model == "claude-test"
     assert result.text.endswith(" one two")
-    assert result.finish_reason == "max_tokens"
+    # Anthropic's `max_tokens` stop, in the words every adapter uses.
+    assert result.finish_reason == "length"
     assert result.provider_request_id and result.provider_request_id.startswith("req_mock_")
     assert (result.input_tokens, result.output_tokens) == (8, 3)
     [seen] = await mock_provider.requests(prompt)
@@ -229,7 +233,7 @@ async def test_directive_in_the_prompt_counts_attempts_per_prompt(
 
 # -- streaming ---------------------------------------------------------------------------
 
-FINISH = {"openai": "stop", "anthropic": "end_turn"}
+FINISH = {"openai": "stop", "anthropic": "stop"}
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

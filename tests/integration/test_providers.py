@@ -185,7 +185,8 @@ async def test_response_records_what_the_provider_answered(
     assert answer["provider"] == provider
     assert answer["model"] == f"{provider}-test-model"
     assert answer["provider_request_id"].startswith("req_mock_")
-    assert answer["finish_reason"] == ("stop" if provider == "openai" else "end_turn")
+    # Anthropic's `end_turn`, in the words every adapter uses.
+    assert answer["finish_reason"] == "stop"
     # The mock counts words: the prompt's and the system's in, its reply's out.
     # The provider's own counts (from its stream); the model has no price: cost unknown.
     assert answer["usage"] == {

@@ -44,7 +44,8 @@ def test_json_typed_bodies_are_accepted(body: dict[str, Any]) -> None:
         ({"prompt": 7}, "string_type"),
         ({"prompt": "x", "scheduled_for": 1_900_000_000}, "datetime_type"),
         ({"prompt": "x", "options": {"fake": {"latency_ms": "5"}}}, "int_type"),
-        ({"prompt": "x", "options": {"seed": 1}}, "extra_forbidden"),
+        ({"prompt": "x", "options": {"seeds": 1}}, "extra_forbidden"),
+        ({"prompt": "x", "options": {"seed": "1"}}, "int_type"),
     ],
 )
 def test_coercions_json_does_not_make_are_refused(body: dict[str, Any], kind: str) -> None:

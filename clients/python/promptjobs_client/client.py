@@ -199,8 +199,11 @@ class Call:
 
 
 def submit_call(
-    prompt: str,
+    prompt: str | None,
     *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str | Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None,
     priority: int | None,
     max_attempts: int | None,
@@ -210,8 +213,19 @@ def submit_call(
     idempotency_key: str | None,
     after: Sequence[str] = (),
 ) -> Call:
+    if (prompt is None) == (messages is None):
+        raise InvalidRequest(
+            [("prompt", "give a prompt (one user message) or messages (a conversation), not both")]
+        )
+    extra = {"tools": tools, "tool_choice": tool_choice}
+    if any(value is not None for value in extra.values()):
+        options = {
+            **(options or {}),
+            **{name: value for name, value in extra.items() if value is not None},
+        }
     fields: dict[str, Any] = {
         "prompt": prompt,
+        "messages": [dict(m) for m in messages] if messages is not None else None,
         "options": dict(options) if options is not None else None,
         "priority": priority,
         "max_attempts": max_attempts,
@@ -448,8 +462,11 @@ class PromptJobs:
 
     def submit(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -459,9 +476,14 @@ class PromptJobs:
         idempotency_key: str | None = None,
         after: Sequence[str] = (),
     ) -> Job:
-        """Submit a prompt; the job is `queued`. An idempotency key is made unless given."""
+        """Submit a prompt, or a conversation (`messages` in the Chat Completions format, and
+        the `tools` the model may call); the job is `queued`. An idempotency key is made
+        unless given."""
         call = submit_call(
             prompt,
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice,
             options=options,
             priority=priority,
             max_attempts=max_attempts,
@@ -767,8 +789,11 @@ class AsyncPromptJobs:
 
     async def submit(
         self,
-        prompt: str,
+        prompt: str | None = None,
         *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -780,6 +805,9 @@ class AsyncPromptJobs:
     ) -> AsyncJob:
         call = submit_call(
             prompt,
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice,
             options=options,
             priority=priority,
             max_attempts=max_attempts,

@@ -99,7 +99,10 @@ class PromptOut(BaseModel):
     model_config = ANSWER
 
     prompt_id: str
+    # The prompt, or a conversation's transcript (a line a message).
     prompt: str
+    # A conversation as it was sent (None: a prompt given as text).
+    messages: list[dict[str, Any]] | None = None
     author: str
     options: dict[str, Any]
     parent_id: str | None = None
@@ -128,6 +131,23 @@ class Usage(BaseModel):
     cost_usd: float | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ANSWER
+
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    """A call the model asks for, as an assistant message carries it."""
+
+    model_config = ANSWER
+
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
 class ResponseOut(BaseModel):
     model_config = ANSWER
 
@@ -135,6 +155,8 @@ class ResponseOut(BaseModel):
     job_id: str
     prompt_id: str
     text: str
+    # The calls the model asks for: run them, and send their results in the next job.
+    tool_calls: list[ToolCall] | None = None
     provider: str
     model: str
     provider_request_id: str | None = None
@@ -237,7 +259,9 @@ class SubmitPrompt(BaseModel):
 
     model_config = REQUEST
 
-    prompt: StrictStr = Field(min_length=1)
+    prompt: StrictStr | None = Field(default=None, min_length=1)
+    # A conversation in the Chat Completions format (the server checks each message).
+    messages: list[dict[str, Any]] | None = Field(default=None, min_length=1, max_length=2000)
     priority: Priority = 50
     max_attempts: MaxAttempts | None = None
     scheduled_for: AwareDatetime | None = None
