@@ -11,7 +11,18 @@ from api import problems
 from api.deps import ApiContext
 from api.limits import BodyLimit
 from api.openapi import exact_openapi
-from api.routes import batches, events, files, health, jobs, metrics, page, prompts, responses
+from api.routes import (
+    batches,
+    chat,
+    events,
+    files,
+    health,
+    jobs,
+    metrics,
+    page,
+    prompts,
+    responses,
+)
 
 # Room for the JSON envelope around the largest prompt allowed (options, escapes).
 BODY_OVERHEAD_BYTES = 64 * 1024
@@ -39,7 +50,18 @@ def create_app(ctx: ApiContext) -> FastAPI:
     )
     app.state.context = ctx
     problems.install(app)
-    for module in (prompts, jobs, responses, files, batches, events, health, metrics, page):
+    for module in (
+        prompts,
+        jobs,
+        responses,
+        chat,
+        files,
+        batches,
+        events,
+        health,
+        metrics,
+        page,
+    ):
         app.include_router(module.router)
 
     def openapi() -> dict[str, Any]:

@@ -228,6 +228,10 @@ class AdapterRegistry:
         adapter = self._adapters.get(self.provider_of(options))
         return options.model or (adapter.model if adapter else "")
 
+    def model_of_provider(self, name: str) -> str:
+        """A provider's default model."""
+        return self._adapters[name].model
+
     def split_model(self, name: str) -> tuple[str | None, str]:
         """`provider/model` as OpenAI-style clients name a model: (provider, model) when the
         part before the first `/` is one of ours, else (None, name), so a bare name (or one

@@ -1,4 +1,4 @@
-"""The `fake` provider: deterministic output from the prompt (a conversation's transcript),
+"""The `fake` provider: deterministic output from the prompt (a conversation's last message),
 latency and failures on request, and a tool call where tools are offered."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import re
 
 from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
-from activities.adapters.conversation import ToolChoiceFunction, sample_arguments
+from activities.adapters.conversation import ToolChoiceFunction, sample_arguments, text_of
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
@@ -79,7 +79,9 @@ class FakeAdapter:
         at the end of that time (after half the answer, for a failure that can cut a stream)."""
         self.check(request.options)
         behaviour = request.options.fake or FakeOptions()
-        text = "" if scripted_calls(request) else fake_output(request.prompt)
+        # The answer to the conversation's last message (a prompt's text; a tool's result).
+        last = text_of(request.conversation[-1].content)
+        text = "" if scripted_calls(request) else fake_output(last)
         chunks = fake_chunks(text)
         pause_s = behaviour.latency_ms / 1000 / len(chunks)
         failing = (

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from activities.adapters.base import InvalidOptions
+from activities.adapters.conversation import ImagesTooLarge, InvalidConversation
 from api.openai.chat import ChatRequest, chat_completion
 from api.openai.errors import error_type, param_of
 from api.openai.responses import (
@@ -122,7 +123,8 @@ class OpenAIBatchLines:
     def _submission(self, body: dict[str, Any], endpoint: str) -> Submission:
         try:
             if endpoint == "/v1/chat/completions":
-                submission = ChatRequest.model_validate(body).submission(self.jobs.adapters)
+                chat = ChatRequest.model_validate(body)
+                submission = chat.submission(self.jobs.adapters, in_batch=True)
             else:
                 request = CreateResponse.model_validate(body)
                 if request.background or request.stream:
@@ -142,6 +144,9 @@ class OpenAIBatchLines:
             raise LineError("invalid_request", str(err), "promptjobs.options") from err
         except PromptTooLarge as err:
             raise LineError(err.code, err.worded("the input", "instructions"), "input") from err
+        except (InvalidConversation, ImagesTooLarge) as err:
+            where = "messages" if endpoint == "/v1/chat/completions" else "input"
+            raise LineError("invalid_request", str(err), where) from err
 
     def output_line(self, batch: Batch, outcome: Outcome) -> dict[str, Any]:
         return output_line(batch, outcome)

@@ -11,7 +11,13 @@ from fastapi.responses import JSONResponse
 # The routes that answer as OpenAI does: creating a response, one named by a `resp_` id, files
 # and batches. Any other id under /v1/responses (`rsp_…`, promptjobs' own answers) is not.
 RESPONSES = "/v1/responses"
-OPENAI_PREFIXES = (f"{RESPONSES}/resp_", "/v1/files", "/v1/batches")
+OPENAI_PREFIXES = (
+    f"{RESPONSES}/resp_",
+    "/v1/files",
+    "/v1/batches",
+    "/v1/chat/completions",
+    "/v1/models",
+)
 
 
 def speaks_openai(path: str) -> bool:
@@ -30,8 +36,9 @@ def unknown_route(
     """A route or method promptjobs does not have, as OpenAI answers one, so the SDK shows
     what is there instead of a bare 404."""
     message = (
-        f"Unknown request URL: {method} {path}. promptjobs answers OpenAI's /v1/responses, "
-        "/v1/files and /v1/batches (see docs/openai.md), and its own /v1/prompts and /v1/jobs."
+        f"Unknown request URL: {method} {path}. promptjobs answers OpenAI's "
+        "/v1/chat/completions, /v1/responses, /v1/models, /v1/files and /v1/batches (see "
+        "docs/openai.md), and its own /v1/prompts and /v1/jobs."
     )
     if status == 405:
         message = f"{method} is not allowed on {path}; see the Allow header."

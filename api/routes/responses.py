@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
@@ -36,7 +36,7 @@ from api.routes.events import (
 from api.schemas import ResponseOut
 from projections.domain.lifecycle import EventType
 from projections.errors import InvalidState, NotFound
-from projections.models import Prompt
+from projections.models import Job, JobEvent, Prompt
 from projections.rows import JobRow
 from projections.scope import Scope
 
@@ -172,10 +172,26 @@ async def _settled(
     request: Request | None = None,
     key_id: str | None = None,
 ) -> dict[str, Any]:
-    """The response object once its job has settled, or as it is when `timeout_s` is over or
-    the client has gone. With `key_id` the wait follows the live feed, reading the prompt
-    again only when one of its jobs changed state (at least every OVER_CHECK_S); without it,
-    or with the key's streams all taken, it polls."""
+    """The response object once its job has settled (`wait_settled`)."""
+    prompt, job = await wait_settled(
+        ctx, caller, prompt_id, timeout_s=timeout_s, request=request, key_id=key_id
+    )
+    return await _object_of(ctx, caller, prompt, job)
+
+
+async def wait_settled(
+    ctx: ApiContext,
+    caller: Scope,
+    prompt_id: str,
+    *,
+    timeout_s: float | None = None,
+    request: Request | None = None,
+    key_id: str | None = None,
+) -> tuple[Prompt, Job]:
+    """The prompt and its current job once that has settled, or as they are when
+    `timeout_s` is over or the client has gone. With `key_id` the wait follows the live
+    feed, reading the prompt again only when one of its jobs changed state (at least every
+    OVER_CHECK_S); without it, or with the key's streams all taken, it polls."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout_s is None else loop.time() + timeout_s
     pause = POLL_FIRST_S
@@ -191,7 +207,7 @@ async def _settled(
                 or (deadline is not None and loop.time() >= deadline)
                 or (request is not None and await request.is_disconnected())
             ):
-                return await _object_of(ctx, caller, prompt, jobs[-1])
+                return prompt, jobs[-1]
             wait = OVER_CHECK_S if deadline is None else max(0.0, deadline - loop.time())
             if sub is not None and sub.ended is None:
                 until = loop.time() + min(wait, OVER_CHECK_S)
@@ -217,11 +233,8 @@ async def _stream(
     hold: StreamHold | None = None,
 ) -> EventSourceResponse:
     """The response's events from the prompt's event log, then live (api/openai/stream.py):
-    the log is read again whenever the feed says the prompt has a new event, so every API
-    process gives the same events with the same sequence numbers."""
-    scope, store, prompt_id = keyed.scope, ctx.store, prompt.prompt_id
-    sub = await ctx.feed.subscribe(StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
-    lifetime_s = ctx.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
+    every API process gives the same events with the same sequence numbers."""
+    scope = keyed.scope
 
     async def snapshot(row: JobRow, final: bool) -> dict[str, Any]:
         if not final:
@@ -235,8 +248,35 @@ async def _stream(
             if starting_after is None or event["sequence_number"] > starting_after
         )
 
+    return await log_stream(ctx, keyed, prompt, ResponseEvents(prompt, snapshot), frames, hold)
+
+
+class LogTranslator(Protocol):
+    """What a stream made from a prompt's event log answers for each event (in log order),
+    and at the end of a job that settled without its job.done."""
+
+    over: bool
+
+    async def feed(self, event: JobEvent) -> list[dict[str, Any]]: ...
+
+    async def finish(self, row: JobRow) -> list[dict[str, Any]]: ...
+
+
+async def log_stream(
+    ctx: ApiContext,
+    keyed: Streamer,
+    prompt: Prompt,
+    translator: LogTranslator,
+    frames: Callable[[list[dict[str, Any]]], bytes],
+    hold: StreamHold | None = None,
+) -> EventSourceResponse:
+    """A prompt's event log, then live, each event as `translator` says, encoded by
+    `frames`: the log is read again whenever the feed says the prompt has a new event."""
+    scope, store, prompt_id = keyed.scope, ctx.store, prompt.prompt_id
+    sub = await ctx.feed.subscribe(StreamScope.of(scope, None, prompt_id), keyed.key_id, hold)
+    lifetime_s = ctx.sse_max_lifetime_s * (1 - LIFETIME_JITTER * random.random())
+
     async def events() -> AsyncIterator[bytes]:
-        translator = ResponseEvents(prompt, snapshot)
         cursor, until = 0, sub.start
         loop = asyncio.get_running_loop()
         deadline = loop.time() + lifetime_s

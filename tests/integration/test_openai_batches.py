@@ -109,7 +109,9 @@ async def test_a_batch_of_chat_lines_with_failures_and_its_output_files(stack: S
     assert body["usage"]["total_tokens"] > 0
     # Every line is an ordinary job, named by the line's request id.
     job = await stack.job(first["response"]["request_id"])
-    assert (job["state"], job["options"]["system"]) == ("succeeded", "Be brief")
+    assert job["state"] == "succeeded"
+    prompt = (await stack.http.get(f"/v1/prompts/{job['prompt_id']}")).json()
+    assert prompt["messages"][0] == {"role": "system", "content": "Be brief"}
 
     errors = [
         json.loads(line)

@@ -164,13 +164,13 @@ async def test_what_the_sdk_asks_for_that_is_not_here_says_so_in_openais_shape(
 ) -> None:
     client = sdk(stack)
     with pytest.raises(openai.NotFoundError) as unknown:
-        await client.models.list()
-    assert "Unknown request URL: GET /v1/models" in unknown.value.message
+        await client.embeddings.create(model="fake/any", input="x")
+    assert "Unknown request URL: POST /v1/embeddings" in unknown.value.message
     with pytest.raises(openai.NotFoundError) as nope:
         await client.responses.retrieve("resp_nope")
     assert "resp_nope" in nope.value.message and "pmt_" not in nope.value.message
     # Without the SDK, a client keeps promptjobs' own problem shape.
-    plain = await stack.http.get("/v1/models")
+    plain = await stack.http.post("/v1/embeddings", json={"model": "fake/any", "input": "x"})
     assert plain.status_code == 404
     assert plain.headers["content-type"].startswith("application/problem+json")
 

@@ -1,0 +1,156 @@
+"""The unmodified official `openai` SDK's Chat Completions against `promptjobs` (API, worker,
+the mock provider behind it): an agent loop with a tool on either provider, blocking and
+streamed, each call a job in /v1/jobs; `models.list`; errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import MockProviderServer, Stack, provider_settings, running_stack
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+MODELS = ["openai/gpt-test", "anthropic/claude-test"]
+
+
+@pytest.fixture(scope="module")
+async def chat_stack(
+    dev_server: WorkflowEnvironment,
+    mock_provider: MockProviderServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Stack]:
+    settings = provider_settings(tmp_path_factory.mktemp("chat"), mock_provider)
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
+def sdk(stack: Stack) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0)
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_an_agent_loop_calls_the_tool_then_answers_with_its_result(
+    chat_stack: Stack, model: str
+) -> None:
+    client = sdk(chat_stack)
+    result = f"18 C {uuid.uuid4().hex}"
+    messages: list[Any] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    asked = await client.chat.completions.create(model=model, messages=messages, tools=[WEATHER])
+    choice = asked.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "mock"}  # type: ignore[union-attr]
+    assert asked.model == model
+
+    # The SDK's own message object goes back as it came, then the tool's result.
+    messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": result}]
+    final = await client.chat.completions.create(model=model, messages=messages, tools=[WEATHER])
+    assert final.choices[0].finish_reason == "stop"
+    assert (final.choices[0].message.content or "").endswith(result)
+    assert final.usage is not None and final.usage.total_tokens > 0
+
+    # Each call is a job, with its usage, like any other.
+    for completion in (asked, final):
+        job_id = completion.model_extra["promptjobs"]["job_id"]  # type: ignore[index]
+        job = await chat_stack.job(job_id)
+        assert job["state"] == "succeeded"
+        assert job["input_tokens"] == completion.usage.prompt_tokens  # type: ignore[union-attr]
+    again = await client.chat.completions.retrieve(final.id)
+    assert again.choices[0].message.content == final.choices[0].message.content
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_streamed_call_sends_text_then_usage_then_done(
+    chat_stack: Stack, model: str
+) -> None:
+    prompt = f"stream me {uuid.uuid4().hex}"
+    stream = await sdk(chat_stack).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.endswith(prompt)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_a_streamed_tool_call_arrives_whole(chat_stack: Stack) -> None:
+    stream = await sdk(chat_stack).chat.completions.create(
+        model="anthropic/claude-test",
+        messages=[{"role": "user", "content": f"weather? {uuid.uuid4().hex}"}],
+        tools=[WEATHER],
+        stream=True,
+    )
+    chunks = [chunk async for chunk in stream]
+    calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or []]
+    assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_models_lists_each_provider_as_provider_slash_model(chat_stack: Stack) -> None:
+    client = sdk(chat_stack)
+    listed = [m async for m in client.models.list()]
+    assert {m.owned_by for m in listed} == {"anthropic", "fake", "openai"}
+    assert all(m.id.startswith(f"{m.owned_by}/") for m in listed)
+    assert "fake/fake-1" in {m.id for m in listed}
+    assert (await client.models.retrieve(listed[0].id)).id == listed[0].id
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("nobody/none")
+
+
+async def test_what_cannot_run_is_a_400_the_sdk_shows(chat_stack: Stack) -> None:
+    client = sdk(chat_stack)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client.chat.completions.create(
+            model="openai/gpt-test", messages=[{"role": "user", "content": "x"}], logprobs=True
+        )
+    assert "logprobs" in str(refused.value)
+    with pytest.raises(openai.BadRequestError) as unanswered:
+        await client.chat.completions.create(
+            model="openai/gpt-test",
+            messages=[
+                {"role": "user", "content": "x"},
+                {"role": "tool", "tool_call_id": "call_nobody", "content": "r"},
+            ],
+        )
+    assert "answers no call" in str(unanswered.value)
+
+
+async def test_a_failed_job_is_an_error_the_sdk_does_not_retry(
+    chat_stack: Stack, mock_provider: MockProviderServer
+) -> None:
+    prompt = f"fails {uuid.uuid4().hex} mock:fail=400"
+    client = AsyncOpenAI(base_url=f"{chat_stack.base_url}/v1", api_key=chat_stack.api_key)
+    with pytest.raises(openai.BadRequestError) as failed:
+        await client.chat.completions.create(
+            model="openai/gpt-test", messages=[{"role": "user", "content": prompt}]
+        )
+    assert "provider_4xx" in str(failed.value)
+    # One job, one provider call: the SDK (max_retries=2 by default) did not send it again.
+    assert len(await mock_provider.requests(prompt)) == 1
