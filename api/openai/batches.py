@@ -127,6 +127,11 @@ class OpenAIBatchLines:
                 submission = chat.submission(self.jobs.adapters, in_batch=True)
             else:
                 request = CreateResponse.model_validate(body)
+                if request.previous_response_id is not None:
+                    raise UnsupportedParameter(
+                        "previous_response_id",
+                        "a batch line cannot continue a response: send the conversation in `input`",
+                    )
                 if request.background or request.stream:
                     raise UnsupportedParameter(
                         "background" if request.background else "stream",

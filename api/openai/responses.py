@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag
 
 from activities.adapters.base import AdapterRegistry, parse_options
 from activities.adapters.json_types import NO_NUL
 from activities.adapters.options import PromptOptions
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import ErrorKind, JobState
-from projections.models import Prompt
+from projections.models import Prompt, Response
 from projections.writes import Submission
 
 # OpenAI's bounds on `metadata`: 16 pairs, keys of 64 characters, values of 512.
@@ -33,8 +33,6 @@ IGNORED = frozenset(
         "stream_options",
     }
 )
-# ... and the tool settings that mean "no tools".
-NO_TOOLS = {"tool_choice": ("none", "auto"), "parallel_tool_calls": (False, True)}
 
 
 class UnsupportedParameter(Refused):
@@ -56,19 +54,27 @@ def submission_of(
     *,
     idempotency_key: str | None = None,
     in_batch: bool = False,
+    before: list[dict[str, Any]] | None = None,
 ) -> Submission:
     """The prompt a create (or a batch's line, `in_batch`) submits, as the wire says it;
     raises UnsupportedParameter or InvalidOptions for what OpenAI's shape cannot carry here.
-    The submission's own rules (size, options against the adapters, budget) are the job
-    service's (services/jobs.py)."""
+    `before`: the conversation `previous_response_id` continues (its request and answer),
+    in the chat format. The submission's own rules (size, options against the adapters,
+    budget) are the job service's (services/jobs.py)."""
     body.check_supported()
-    text, system = body.prompt_and_system()
-    options = body.options(adapters, system)
+    options = body.options(adapters)
     if body.deferrable(in_batch=in_batch):
         options["deferrable"] = True
     parse_options(PromptOptions, options, "promptjobs.options")
+    if isinstance(body.input, str) and before is None:
+        if not body.input:
+            raise UnsupportedParameter("input", "the input text is empty")
+        text, messages = body.input, None
+    else:
+        text, messages = "", [*(before or []), *body.messages()]
     return Submission(
         text=text,
+        messages=messages,
         priority=body.promptjobs.priority,
         max_attempts=body.promptjobs.max_attempts,
         options=options,
@@ -82,6 +88,25 @@ class InputPart(BaseModel):
 
     type: StrictStr
     text: StrictStr | None = None
+    image_url: StrictStr | None = None
+    file_id: StrictStr | None = None
+    detail: StrictStr | None = None
+
+    def chat_part(self, where: str) -> dict[str, Any]:
+        """The part in the chat format: text, or an image by URL."""
+        if self.type in ("input_text", "output_text") and self.text is not None:
+            return {"type": "text", "text": self.text}
+        if self.type == "input_image" and self.image_url is not None:
+            image: dict[str, Any] = {"url": self.image_url}
+            if self.detail is not None:
+                image["detail"] = self.detail
+            return {"type": "image_url", "image_url": image}
+        what = "an input_image by file_id" if self.type == "input_image" else repr(self.type)
+        raise UnsupportedParameter(
+            where,
+            f"content of type {what} is not supported: send `input_text` parts (or a string) "
+            "and `input_image` parts with an `image_url`",
+        )
 
 
 class InputMessage(BaseModel):
@@ -91,19 +116,95 @@ class InputMessage(BaseModel):
     role: Literal["user", "system", "developer", "assistant"]
     content: StrictStr | list[InputPart]
 
-    def text(self, where: str) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        texts = []
-        for i, part in enumerate(self.content):
-            if part.type not in ("input_text", "output_text") or part.text is None:
-                raise UnsupportedParameter(
-                    f"{where}.content[{i}]",
-                    f"content of type {part.type!r} is not supported: send text "
-                    "(`input_text` parts or a string)",
-                )
-            texts.append(part.text)
-        return "".join(texts)
+    def chat(self, where: str) -> dict[str, Any]:
+        content: Any = self.content
+        if not isinstance(content, str):
+            content = [part.chat_part(f"{where}.content[{i}]") for i, part in enumerate(content)]
+            if self.role != "user" and all(part["type"] == "text" for part in content):
+                content = "".join(part["text"] for part in content)
+        return {"role": self.role, "content": content}
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made (an earlier response's output item, sent back)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+
+
+class FunctionCallOutput(BaseModel):
+    """A call's result, as the client ran it."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: StrictStr | list[InputPart]
+
+
+class OtherItem(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: StrictStr
+
+
+def _item_kind(value: Any) -> str:
+    kind = value.get("type", "message") if isinstance(value, dict) else "message"
+    return kind if kind in ("message", "function_call", "function_call_output") else "other"
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_kind),
+]
+
+
+class FunctionTool(BaseModel):
+    """A function tool in the Responses shape (flat: no `function` wrapper)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[StrictStr, Any] | None = None
+    strict: StrictBool | None = None
+
+    def chat(self) -> dict[str, Any]:
+        function = self.model_dump(exclude={"type"}, exclude_none=True)
+        return {"type": "function", "function": function}
+
+
+class OtherTool(BaseModel):
+    """A built-in tool of OpenAI's (web search, file search…): refused by name."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: StrictStr
+
+
+def _tool_kind(value: Any) -> str:
+    return "function" if isinstance(value, dict) and value.get("type") == "function" else "other"
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    Discriminator(_tool_kind),
+]
+
+
+class NamedTool(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    name: StrictStr
 
 
 class PromptjobsExtras(BaseModel):
@@ -123,10 +224,15 @@ class CreateResponse(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     model: StrictStr = Field(min_length=1, max_length=200, pattern=NO_NUL)
-    input: StrictStr | list[InputMessage]
+    input: StrictStr | list[InputItem]
     instructions: StrictStr | None = Field(default=None, pattern=NO_NUL)
     max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedTool | None = None
+    parallel_tool_calls: StrictBool | None = None
+    previous_response_id: StrictStr | None = Field(default=None, max_length=64)
     metadata: dict[StrictStr, StrictStr] | None = None
     background: StrictBool | None = None
     stream: StrictBool | None = None
@@ -142,7 +248,7 @@ class CreateResponse(BaseModel):
 
     def check_supported(self) -> None:
         for name, value in (self.model_extra or {}).items():
-            if name in IGNORED or value is None or value in NO_TOOLS.get(name, ()):
+            if name in IGNORED or value is None:
                 continue
             raise UnsupportedParameter(
                 name, f"`{name}` is not supported by promptjobs: leave it out (see docs/openai.md)"
@@ -151,6 +257,13 @@ class CreateResponse(BaseModel):
             raise UnsupportedParameter(
                 "store", "promptjobs keeps every response (it is a job): leave `store` out"
             )
+        for i, tool in enumerate(self.tools or ()):
+            if isinstance(tool, OtherTool):
+                raise UnsupportedParameter(
+                    "tools",
+                    f"tools[{i}]: tools of type {tool.type!r} are not supported by promptjobs; "
+                    "function tools are",
+                )
         if self.metadata is not None:
             if len(self.metadata) > METADATA_PAIRS:
                 raise UnsupportedParameter("metadata", "metadata holds at most 16 pairs")
@@ -161,35 +274,43 @@ class CreateResponse(BaseModel):
                         "metadata keys are at most 64 characters and values at most 512",
                     )
 
-    def prompt_and_system(self) -> tuple[str, str | None]:
-        """The prompt text and the system text (`instructions`, then system or developer
-        messages). One user message is the prompt; a conversation is not supported."""
-        system = [self.instructions] if self.instructions else []
+    def messages(self) -> list[dict[str, Any]]:
+        """The input as a conversation in the chat format: message items as messages, a
+        `function_call` as an assistant message's tool call (calls in a row, one message),
+        a `function_call_output` as a tool message."""
         if isinstance(self.input, str):
-            prompt = self.input
-        else:
-            users: list[str] = []
-            for i, item in enumerate(self.input):
-                if item.role == "assistant":
-                    raise UnsupportedParameter(
-                        f"input[{i}]",
-                        "assistant messages (a conversation) are not supported: send the "
-                        "exchange as one user message",
-                    )
-                text = item.text(f"input[{i}]")
-                (users if item.role == "user" else system).append(text)
-            if len(users) != 1:
+            return [{"role": "user", "content": self.input}]
+        messages: list[dict[str, Any]] = []
+        for i, item in enumerate(self.input):
+            where = f"input[{i}]"
+            if isinstance(item, InputMessage):
+                messages.append(item.chat(where))
+            elif isinstance(item, FunctionCallItem):
+                call = {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                    last["tool_calls"].append(call)
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif isinstance(item, FunctionCallOutput):
+                output = item.output
+                if not isinstance(output, str):
+                    parts = [p.chat_part(f"{where}.output[{j}]") for j, p in enumerate(output)]
+                    output = "".join(str(p.get("text", "")) for p in parts)
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": output})
+            else:
                 raise UnsupportedParameter(
-                    "input",
-                    f"input has {len(users)} user messages; promptjobs runs exactly one "
-                    "(with any system or developer messages)",
+                    where,
+                    f"input items of type {item.type!r} are not supported: send messages, "
+                    "`function_call` and `function_call_output` items",
                 )
-            prompt = users[0]
-        if not prompt:
-            raise UnsupportedParameter("input", "the input text is empty")
-        return prompt, "\n\n".join(system) if system else None
+        return messages
 
-    def options(self, adapters: AdapterRegistry, system: str | None) -> dict[str, Any]:
+    def options(self, adapters: AdapterRegistry) -> dict[str, Any]:
         """The job's options: `promptjobs.options`, then the OpenAI parameters over them."""
         options = dict(self.promptjobs.options)
         provider, model = adapters.split_model(self.model)
@@ -197,12 +318,23 @@ class CreateResponse(BaseModel):
             options["provider"] = provider
         options["model"] = model
         for key, value in (
-            ("system", system),
+            ("system", self.instructions),
             ("max_tokens", self.max_output_tokens),
             ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("parallel_tool_calls", self.parallel_tool_calls),
         ):
             if value is not None:
                 options[key] = value
+        if self.tools:
+            options["tools"] = [t.chat() for t in self.tools if isinstance(t, FunctionTool)]
+        if isinstance(self.tool_choice, NamedTool):
+            options["tool_choice"] = {
+                "type": "function",
+                "function": {"name": self.tool_choice.name},
+            }
+        elif self.tool_choice is not None and (self.tools or self.tool_choice != "auto"):
+            options["tool_choice"] = self.tool_choice
         return options
 
     def kept(self) -> dict[str, Any]:
@@ -212,7 +344,28 @@ class CreateResponse(BaseModel):
             "metadata": self.metadata or {},
             "background": bool(self.background),
             "instructions": self.instructions,
+            "previous_response_id": self.previous_response_id,
         }
+
+
+def continued(prompt: Prompt, answer: Response) -> list[dict[str, Any]]:
+    """The conversation a response continuing `prompt` starts with (`previous_response_id`):
+    that prompt's messages (its text as one user message, for a prompt of text) and its
+    answer, as an assistant message with any tool calls it made."""
+    before = list(prompt.messages or [{"role": "user", "content": prompt.text}])
+    said: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
+    if answer.tool_calls:
+        said["tool_calls"] = [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
+            for call in answer.tool_calls
+        ]
+    elif said["content"] is None:
+        said["content"] = ""
+    return [*before, said]
 
 
 def response_id(prompt_id: str) -> str:
@@ -238,6 +391,27 @@ class JobLike(Protocol):
     input_tokens: int
     output_tokens: int
     response_id: str | None
+
+
+def function_call_item(
+    job_id: str, attempt: int, index: int, call: dict[str, str]
+) -> dict[str, Any]:
+    """A tool call of an answer as a Responses output item."""
+    return {
+        "type": "function_call",
+        "id": f"fc_{job_id.removeprefix('job_')}_{attempt}_{index}",
+        "call_id": call["id"],
+        "name": call["name"],
+        "arguments": call["arguments"],
+        "status": "completed",
+    }
+
+
+def responses_tool_choice(choice: Any) -> Any:
+    """A job's tool_choice as the Responses API says it (a function named flat)."""
+    if isinstance(choice, dict):
+        return {"type": "function", "name": choice["function"]["name"]}
+    return choice or "auto"
 
 
 def message_id(job_id: str, attempt: int) -> str:
@@ -273,14 +447,15 @@ def response_object(
     text: str | None = None,
     finish_reason: str | None = None,
     model: str | None = None,
+    tool_calls: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The `response` object of a prompt whose current job is `job` (`text`: its answer, once
-    it has one)."""
+    it has one, and the tool calls it made)."""
     kept = prompt.openai or {}
     options = job.options if job.options is not None else prompt.options
     status = status_of(job, finish_reason)
     output: list[dict[str, Any]] = []
-    if text is not None:
+    if text is not None and (text or not tool_calls):
         output.append(
             {
                 "type": "message",
@@ -290,6 +465,10 @@ def response_object(
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
         )
+    output.extend(
+        function_call_item(job.job_id, job.attempt, i, call)
+        for i, call in enumerate(tool_calls or ())
+    )
     error = None
     if status == "failed":
         kind = job.error_kind.value if job.error_kind else "unknown"
@@ -311,16 +490,19 @@ def response_object(
         "metadata": kept.get("metadata", {}),
         "model": kept.get("model") or model or (options or {}).get("model") or "",
         "output": output,
-        "parallel_tool_calls": False,
-        "previous_response_id": None,
+        "parallel_tool_calls": (options or {}).get("parallel_tool_calls", True),
+        "previous_response_id": kept.get("previous_response_id"),
         "reasoning": None,
         "service_tier": "flex" if (options or {}).get("deferrable") else "default",
         "store": True,
         "temperature": (options or {}).get("temperature"),
         "text": {"format": {"type": "text"}},
-        "tool_choice": "none",
-        "tools": [],
-        "top_p": None,
+        "tool_choice": responses_tool_choice((options or {}).get("tool_choice")),
+        "tools": [
+            {"type": "function", "strict": None, **tool["function"]}
+            for tool in (options or {}).get("tools") or ()
+        ],
+        "top_p": (options or {}).get("top_p"),
         "truncation": "disabled",
         "usage": {
             "input_tokens": job.input_tokens,

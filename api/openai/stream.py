@@ -87,10 +87,13 @@ class ResponseEvents:
             return  # a job's settling is final at its job.done (text and usage are in then)
         succeeded = row.state == JobState.SUCCEEDED
         response = await self.snapshot(row, True)
-        if succeeded and self.item is None:
+        calls = [item for item in response["output"] if item["type"] == "function_call"]
+        if succeeded and self.item is None and not calls:
             # An answer that streamed nothing (an empty text) still has its item.
             self._open(row.job_id, row.attempt, out)
         self._close(out, status="completed" if response["status"] == "completed" else "incomplete")
+        for call in calls:
+            self._call(call, out)
         kind = {
             "completed": "response.completed",
             "incomplete": "response.incomplete",
@@ -120,6 +123,22 @@ class ResponseEvents:
             delta=delta,
             logprobs=[],
         )
+
+    def _call(self, call: dict[str, Any], out: list[dict[str, Any]]) -> None:
+        """A tool call of the answer: its item, its arguments (whole), and its end."""
+        index, self.items = self.items, self.items + 1
+        self._emit(
+            out,
+            "response.output_item.added",
+            output_index=index,
+            item={**call, "arguments": "", "status": "in_progress"},
+        )
+        where = {"item_id": call["id"], "output_index": index}
+        self._emit(out, "response.function_call_arguments.delta", **where, delta=call["arguments"])
+        self._emit(
+            out, "response.function_call_arguments.done", **where, arguments=call["arguments"]
+        )
+        self._emit(out, "response.output_item.done", output_index=index, item=call)
 
     def _open(self, job_id: str, attempt: int, out: list[dict[str, Any]]) -> None:
         item_id = message_id(job_id, attempt)

@@ -20,8 +20,11 @@ from api.deps import ApiContext, Caller, ContextDep, JsonBody, KeyedCaller, Stre
 from api.openai.responses import (
     CreateResponse,
     JobLike,
+    UnsupportedParameter,
+    continued,
     prompt_id_of,
     response_object,
+    status_of,
     submission_of,
 )
 from api.openai.stream import ResponseEvents
@@ -34,7 +37,7 @@ from api.routes.events import (
     stream_place,
 )
 from api.schemas import ResponseOut
-from projections.domain.lifecycle import EventType
+from projections.domain.lifecycle import EventType, JobState
 from projections.errors import InvalidState, NotFound
 from projections.models import Job, JobEvent, Prompt
 from projections.rows import JobRow
@@ -75,7 +78,12 @@ async def create_response(
     as they happen; with `background`, answers at once (`queued`); else once the job has
     settled. The job runs durably either way: a client that leaves does not cancel it."""
     caller = keyed.scope
-    submission = submission_of(body, ctx.jobs.adapters, idempotency_key=idempotency_key)
+    before = None
+    if body.previous_response_id is not None:
+        before = await _previous(ctx, caller, body.previous_response_id)
+    submission = submission_of(
+        body, ctx.jobs.adapters, idempotency_key=idempotency_key, before=before
+    )
     if body.stream:
         # The stream's place first: refused at the limit, nothing is made (the SDK retries a
         # 429 without an Idempotency-Key, and each retry would make another job).
@@ -89,6 +97,21 @@ async def create_response(
     return JSONResponse(
         await _settled(ctx, caller, prompt_id, request=request, key_id=keyed.key_id)
     )
+
+
+async def _previous(ctx: ApiContext, caller: Scope, response_id: str) -> list[dict[str, Any]]:
+    """The conversation `previous_response_id` names: its request and its answer, which
+    must be there (the response completed)."""
+    with named_as_response(response_id):
+        prompt, jobs = await ctx.store.prompt(caller, prompt_id_of(response_id))
+    job = jobs[-1]
+    if job.state != JobState.SUCCEEDED or job.response_id is None:
+        raise UnsupportedParameter(
+            "previous_response_id",
+            f"response {response_id} is {status_of(job, None)}: continue from a completed one",
+            code="invalid_value",
+        )
+    return continued(prompt, await ctx.store.response(caller, job.response_id))
 
 
 @router.get(
@@ -159,7 +182,12 @@ async def _object_of(
         return response_object(prompt, job)
     answer = await ctx.store.response(caller, job.response_id)
     return response_object(
-        prompt, job, text=answer.text, finish_reason=answer.finish_reason, model=answer.model
+        prompt,
+        job,
+        text=answer.text,
+        finish_reason=answer.finish_reason,
+        model=answer.model,
+        tool_calls=answer.tool_calls,
     )
 
 

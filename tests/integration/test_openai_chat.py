@@ -154,3 +154,77 @@ async def test_a_failed_job_is_an_error_the_sdk_does_not_retry(
     assert "provider_4xx" in str(failed.value)
     # One job, one provider call: the SDK (max_retries=2 by default) did not send it again.
     assert len(await mock_provider.requests(prompt)) == 1
+
+
+RESPONSES_TOOL: Any = {"type": "function", **WEATHER["function"]}
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_responses_agent_loop_continues_from_the_previous_response(
+    chat_stack: Stack, mock_provider: MockProviderServer, model: str
+) -> None:
+    client = sdk(chat_stack)
+    question = f"Weather where this was taken? {uuid.uuid4().hex}"
+    asked = await client.responses.create(
+        model=model,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": question},
+                    {"type": "input_image", "image_url": PIXEL, "detail": "auto"},
+                ],
+            }
+        ],
+        tools=[RESPONSES_TOOL],
+    )
+    [call] = [item for item in asked.output if item.type == "function_call"]
+    assert call.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.arguments) == {"city": "mock"}  # type: ignore[union-attr]
+    assert asked.tools[0].name == "get_weather"  # type: ignore[union-attr]
+
+    result = f"18 C {uuid.uuid4().hex}"
+    final = await client.responses.create(
+        model=model,
+        previous_response_id=asked.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": result}],  # type: ignore[union-attr]
+        tools=[RESPONSES_TOOL],
+    )
+    assert final.status == "completed"
+    assert final.output_text.endswith(result)
+    assert final.previous_response_id == asked.id
+    # The provider was sent the whole conversation: the question and its image, the call,
+    # the result.
+    [first, second] = [
+        r for r in await mock_provider.requests() if r["prompt"] in (question, result)
+    ]
+    assert (first["after_tool"], second["after_tool"]) == (False, True)
+    assert second["images"] == first["images"] == ["base64 image/png"]
+
+
+async def test_a_streamed_response_sends_its_function_call_events(chat_stack: Stack) -> None:
+    stream = await sdk(chat_stack).responses.create(
+        model="openai/gpt-test",
+        input=f"weather? {uuid.uuid4().hex}",
+        tools=[RESPONSES_TOOL],
+        stream=True,
+    )
+    events = [event async for event in stream]
+    kinds = [event.type for event in events]
+    assert "response.function_call_arguments.done" in kinds
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert json.loads(done.arguments) == {"city": "mock"}  # type: ignore[union-attr]
+    assert kinds[-1] == "response.completed"
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [item.type for item in final.output] == ["function_call"]
+
+
+async def test_previous_response_id_must_name_a_completed_response_of_the_caller(
+    chat_stack: Stack,
+) -> None:
+    client = sdk(chat_stack)
+    with pytest.raises(openai.NotFoundError):
+        await client.responses.create(
+            model="openai/gpt-test", input="x", previous_response_id="resp_nobody"
+        )
