@@ -174,7 +174,11 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
         emit_json(
             {
                 "job": operator_row(job),
-                "prompt": {"prompt_id": view.prompt.prompt_id, "text": view.prompt.text},
+                "prompt": {
+                    "prompt_id": view.prompt.prompt_id,
+                    "text": view.prompt.text,
+                    "messages": view.prompt.messages,
+                },
                 "answer": None if view.answer is None else _answer(view.answer),
                 "waits_on": view.waits,
                 "events": [_event(event) for event in view.events],
@@ -191,9 +195,15 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
     typer.echo(f"options {json.dumps(options, ensure_ascii=False)}")
     typer.echo(f"\nprompt {view.prompt.prompt_id}:\n{_excerpt(view.prompt.text)}")
     if view.answer is not None:
+        # A tool call reads as a conversation's transcript writes one: → name(arguments).
+        calls = "".join(
+            f"\n→ {call['name']}({call['arguments']}) [{call['id']}]"
+            for call in view.answer.tool_calls or ()
+        )
         typer.echo(
             f"\nanswer ({view.answer.provider}/{view.answer.model}, "
-            f"{view.answer.finish_reason or 'no finish reason'}):\n{_excerpt(view.answer.text)}"
+            f"{view.answer.finish_reason or 'no finish reason'}):\n"
+            f"{_excerpt(view.answer.text)}{calls}"
         )
     if view.waits:
         out.print(
@@ -257,6 +267,7 @@ def _answer(answer: Response) -> dict[str, Any]:
         "provider": answer.provider,
         "model": answer.model,
         "finish_reason": answer.finish_reason,
+        "tool_calls": answer.tool_calls,
     }
 
 

@@ -108,6 +108,15 @@ export async function fetchPrompt(promptId) {
   }
 }
 
+// An answer as the page shows it: its text, then each tool call it asks for, as a
+// conversation's transcript writes one ("→ name(arguments)").
+function answerText(response) {
+  const calls = (response.tool_calls || []).map(
+    (call) => `→ ${call.function.name}(${call.function.arguments})`,
+  );
+  return [response.text, ...calls].filter((line) => line !== "").join("\n");
+}
+
 export async function fetchResponse(entry, responseId) {
   if (state.responses.has(responseId) || state.fetching.has(responseId)) return;
   state.fetching.add(responseId);
@@ -115,7 +124,7 @@ export async function fetchResponse(entry, responseId) {
   try {
     const response = await api("GET", `/v1/responses/${encodeURIComponent(responseId)}`);
     if (generation !== state.generation) return;
-    state.responses.set(responseId, response.text);
+    state.responses.set(responseId, answerText(response));
     view.render(entry);
   } catch (err) {
     if (generation !== state.generation) return;

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import MockProviderServer, Stack, provider_settings, running_stack
+from tests.conftest import MockProviderServer, Stack, cli, provider_settings, running_stack
 
 PROVIDERS = ["openai", "anthropic"]
 PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
@@ -94,6 +94,11 @@ async def test_an_agent_loop_with_a_tool_and_an_image_runs_on_either_provider(
     ]
     assert seen[0]["tools"] == ["get_weather"]
     assert seen[0]["system"] == "Be brief."
+
+    # The operator's `jobs show` reads the conversation and the call.
+    shown = (await cli(provider_stack, "jobs", "show", job["job_id"])).output
+    assert f"user: {question}[image]" in shown
+    assert '→ get_weather({"city": "mock"})' in shown
 
     # The prompt reads as a conversation: its messages as sent, and a transcript.
     prompt = (await provider_stack.http.get(f"/v1/prompts/{job['prompt_id']}")).json()

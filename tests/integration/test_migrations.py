@@ -105,3 +105,55 @@ async def test_event_ids_are_never_reused_after_the_newest_events_are_archived(
         assert archived.events >= 2 and await store.latest_event_id() < cursor
         fresh = (await store.submit(alice, Submission("new", 50, 3, {}))).job
         assert [e.job_id for e in await store.events_since(alice, cursor, 10)] == [fresh.job_id]
+
+
+async def test_a_prompt_written_before_conversations_runs_as_one_user_message(
+    tmp_path: Path,
+) -> None:
+    """A prompt row of schema 0016 (text and options; no messages) reads and runs as it did:
+    its text one user message, its options' system text before it."""
+    from typing import Any, cast
+
+    from pydantic import SecretStr
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from activities.adapters.openai_compat import OpenAICompatAdapter
+    from activities.attempt import adapter_request
+    from projections.models import Job, Prompt
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    config = alembic_config(url)
+    command.upgrade(config, "0016")
+    engine = create_engine(sync_url(url))
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO prompts (prompt_id, org, author, text, options, created_at) "
+                    "VALUES ('pmt_old', 'acme', 'alice', 'hello from before', "
+                    """'{"system": "Be brief"}', '2026-01-01 00:00:00')"""
+                )
+            )
+        command.upgrade(config, "head")
+        with Session(engine) as session:
+            prompt = session.get(Prompt, "pmt_old")
+            assert prompt is not None
+            session.expunge(prompt)
+    finally:
+        engine.dispose()
+    assert prompt.messages is None
+    job = Job(job_id="job_old", prompt_id="pmt_old", options=None)
+    request = await adapter_request(cast(Any, None), job, prompt, 1)
+    adapter = OpenAICompatAdapter(
+        api_key=SecretStr("k"),
+        base_url=None,
+        timeout_s=5,
+        model="m",
+        max_tokens=None,
+        max_tokens_field="max_tokens",
+    )
+    assert adapter.body(request)["messages"] == [
+        {"role": "system", "content": "Be brief"},
+        {"role": "user", "content": "hello from before"},
+    ]
