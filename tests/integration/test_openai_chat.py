@@ -228,3 +228,46 @@ async def test_previous_response_id_must_name_a_completed_response_of_the_caller
         await client.responses.create(
             model="openai/gpt-test", input="x", previous_response_id="resp_nobody"
         )
+
+
+async def batch_answers(client: AsyncOpenAI, lines: list[dict[str, Any]]) -> list[Any]:
+    """Run `lines` as a `/v1/batches` batch of chat lines; their completions, in order."""
+    from tests.integration.test_openai_batches import finished, jsonl, upload
+
+    file_id = await upload(client, jsonl(lines))
+    batch = await client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await finished(client, batch.id)
+    assert done.status == "completed" and done.output_file_id, done
+    output = (await client.files.content(done.output_file_id)).text.splitlines()
+    by_id = {row["custom_id"]: row["response"]["body"] for row in map(json.loads, output)}
+    return [by_id[line["custom_id"]] for line in lines]
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_an_agent_loop_as_batch_files(chat_stack: Stack, model: str) -> None:
+    client = sdk(chat_stack)
+    messages: list[Any] = [{"role": "user", "content": f"weather? {uuid.uuid4().hex}"}]
+
+    def line(custom_id: str) -> dict[str, Any]:
+        body = {"model": model, "messages": messages, "tools": [WEATHER]}
+        return {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": body,
+        }
+
+    [asked] = await batch_answers(client, [line("ask")])
+    assert asked["choices"][0]["finish_reason"] == "tool_calls"
+    [call] = asked["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    result = f"18 C {uuid.uuid4().hex}"
+    messages += [
+        asked["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": result},
+    ]
+    [final] = await batch_answers(client, [line("answer")])
+    assert final["choices"][0]["message"]["content"].endswith(result)
+    assert final["usage"]["total_tokens"] > 0
