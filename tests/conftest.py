@@ -396,6 +396,18 @@ def provider_settings(tmp_path: Path, mock: MockProviderServer, **overrides: Any
     return make_settings(tmp_path, **values)
 
 
+@pytest.fixture(scope="module")
+async def provider_stack(
+    dev_server: WorkflowEnvironment,
+    mock_provider: MockProviderServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Stack]:
+    """A stack (SQLite) whose `openai` and `anthropic` providers are the mock, one a module."""
+    settings = provider_settings(tmp_path_factory.mktemp("providers"), mock_provider)
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
 @pytest.fixture
 async def stack(
     dev_server: WorkflowEnvironment, database_url: str, tmp_path: Path

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import MockProviderServer, Stack, cli, provider_settings, running_stack
+from tests.conftest import MockProviderServer, Stack, cli, running_stack
 
 PROVIDERS = ["openai", "anthropic"]
 PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
@@ -28,17 +27,6 @@ WEATHER = {
         },
     },
 }
-
-
-@pytest.fixture(scope="module")
-async def provider_stack(
-    dev_server: WorkflowEnvironment,
-    mock_provider: MockProviderServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Stack]:
-    settings = provider_settings(tmp_path_factory.mktemp("conversations"), mock_provider)
-    async with running_stack(settings, dev_server.client) as stack:
-        yield stack
 
 
 async def run(stack: Stack, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
 from openai import AsyncOpenAI
-from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import MockProviderServer, Stack, provider_settings, running_stack
+from tests.conftest import MockProviderServer, Stack
 
 WEATHER: Any = {
     "type": "function",
@@ -31,26 +29,15 @@ WEATHER: Any = {
 MODELS = ["openai/gpt-test", "anthropic/claude-test"]
 
 
-@pytest.fixture(scope="module")
-async def chat_stack(
-    dev_server: WorkflowEnvironment,
-    mock_provider: MockProviderServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Stack]:
-    settings = provider_settings(tmp_path_factory.mktemp("chat"), mock_provider)
-    async with running_stack(settings, dev_server.client) as stack:
-        yield stack
-
-
 def sdk(stack: Stack) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0)
 
 
 @pytest.mark.parametrize("model", MODELS)
 async def test_an_agent_loop_calls_the_tool_then_answers_with_its_result(
-    chat_stack: Stack, model: str
+    provider_stack: Stack, model: str
 ) -> None:
-    client = sdk(chat_stack)
+    client = sdk(provider_stack)
     result = f"18 C {uuid.uuid4().hex}"
     messages: list[Any] = [
         {"role": "system", "content": "Be brief."},
@@ -74,7 +61,7 @@ async def test_an_agent_loop_calls_the_tool_then_answers_with_its_result(
     # Each call is a job, with its usage, like any other.
     for completion in (asked, final):
         job_id = completion.model_extra["promptjobs"]["job_id"]  # type: ignore[index]
-        job = await chat_stack.job(job_id)
+        job = await provider_stack.job(job_id)
         assert job["state"] == "succeeded"
         assert job["input_tokens"] == completion.usage.prompt_tokens  # type: ignore[union-attr]
     again = await client.chat.completions.retrieve(final.id)
@@ -83,10 +70,10 @@ async def test_an_agent_loop_calls_the_tool_then_answers_with_its_result(
 
 @pytest.mark.parametrize("model", MODELS)
 async def test_a_streamed_call_sends_text_then_usage_then_done(
-    chat_stack: Stack, model: str
+    provider_stack: Stack, model: str
 ) -> None:
     prompt = f"stream me {uuid.uuid4().hex}"
-    stream = await sdk(chat_stack).chat.completions.create(
+    stream = await sdk(provider_stack).chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": prompt}],
         stream=True,
@@ -100,8 +87,8 @@ async def test_a_streamed_call_sends_text_then_usage_then_done(
     assert len({c.id for c in chunks}) == 1
 
 
-async def test_a_streamed_tool_call_arrives_whole(chat_stack: Stack) -> None:
-    stream = await sdk(chat_stack).chat.completions.create(
+async def test_a_streamed_tool_call_arrives_whole(provider_stack: Stack) -> None:
+    stream = await sdk(provider_stack).chat.completions.create(
         model="anthropic/claude-test",
         messages=[{"role": "user", "content": f"weather? {uuid.uuid4().hex}"}],
         tools=[WEATHER],
@@ -113,8 +100,8 @@ async def test_a_streamed_tool_call_arrives_whole(chat_stack: Stack) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-async def test_models_lists_each_provider_as_provider_slash_model(chat_stack: Stack) -> None:
-    client = sdk(chat_stack)
+async def test_models_lists_each_provider_as_provider_slash_model(provider_stack: Stack) -> None:
+    client = sdk(provider_stack)
     listed = [m async for m in client.models.list()]
     assert {m.owned_by for m in listed} == {"anthropic", "fake", "openai"}
     assert all(m.id.startswith(f"{m.owned_by}/") for m in listed)
@@ -124,8 +111,8 @@ async def test_models_lists_each_provider_as_provider_slash_model(chat_stack: St
         await client.models.retrieve("nobody/none")
 
 
-async def test_what_cannot_run_is_a_400_the_sdk_shows(chat_stack: Stack) -> None:
-    client = sdk(chat_stack)
+async def test_what_cannot_run_is_a_400_the_sdk_shows(provider_stack: Stack) -> None:
+    client = sdk(provider_stack)
     with pytest.raises(openai.BadRequestError) as refused:
         await client.chat.completions.create(
             model="openai/gpt-test", messages=[{"role": "user", "content": "x"}], logprobs=True
@@ -143,10 +130,10 @@ async def test_what_cannot_run_is_a_400_the_sdk_shows(chat_stack: Stack) -> None
 
 
 async def test_a_failed_job_is_an_error_the_sdk_does_not_retry(
-    chat_stack: Stack, mock_provider: MockProviderServer
+    provider_stack: Stack, mock_provider: MockProviderServer
 ) -> None:
     prompt = f"fails {uuid.uuid4().hex} mock:fail=400"
-    client = AsyncOpenAI(base_url=f"{chat_stack.base_url}/v1", api_key=chat_stack.api_key)
+    client = AsyncOpenAI(base_url=f"{provider_stack.base_url}/v1", api_key=provider_stack.api_key)
     with pytest.raises(openai.BadRequestError) as failed:
         await client.chat.completions.create(
             model="openai/gpt-test", messages=[{"role": "user", "content": prompt}]
@@ -162,9 +149,9 @@ PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAAD
 
 @pytest.mark.parametrize("model", MODELS)
 async def test_a_responses_agent_loop_continues_from_the_previous_response(
-    chat_stack: Stack, mock_provider: MockProviderServer, model: str
+    provider_stack: Stack, mock_provider: MockProviderServer, model: str
 ) -> None:
-    client = sdk(chat_stack)
+    client = sdk(provider_stack)
     question = f"Weather where this was taken? {uuid.uuid4().hex}"
     asked = await client.responses.create(
         model=model,
@@ -203,8 +190,8 @@ async def test_a_responses_agent_loop_continues_from_the_previous_response(
     assert second["images"] == first["images"] == ["base64 image/png"]
 
 
-async def test_a_streamed_response_sends_its_function_call_events(chat_stack: Stack) -> None:
-    stream = await sdk(chat_stack).responses.create(
+async def test_a_streamed_response_sends_its_function_call_events(provider_stack: Stack) -> None:
+    stream = await sdk(provider_stack).responses.create(
         model="openai/gpt-test",
         input=f"weather? {uuid.uuid4().hex}",
         tools=[RESPONSES_TOOL],
@@ -221,9 +208,9 @@ async def test_a_streamed_response_sends_its_function_call_events(chat_stack: St
 
 
 async def test_previous_response_id_must_name_a_completed_response_of_the_caller(
-    chat_stack: Stack,
+    provider_stack: Stack,
 ) -> None:
-    client = sdk(chat_stack)
+    client = sdk(provider_stack)
     with pytest.raises(openai.NotFoundError):
         await client.responses.create(
             model="openai/gpt-test", input="x", previous_response_id="resp_nobody"
@@ -246,8 +233,8 @@ async def batch_answers(client: AsyncOpenAI, lines: list[dict[str, Any]]) -> lis
 
 
 @pytest.mark.parametrize("model", MODELS)
-async def test_an_agent_loop_as_batch_files(chat_stack: Stack, model: str) -> None:
-    client = sdk(chat_stack)
+async def test_an_agent_loop_as_batch_files(provider_stack: Stack, model: str) -> None:
+    client = sdk(provider_stack)
     messages: list[Any] = [{"role": "user", "content": f"weather? {uuid.uuid4().hex}"}]
 
     def line(custom_id: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,17 +34,6 @@ from tests.conftest import (
 
 ALICE = Scope("acme", "alice", "member")
 PROVIDERS = ["openai", "anthropic"]
-
-
-@pytest.fixture(scope="module")
-async def provider_stack(
-    dev_server: WorkflowEnvironment,
-    mock_provider: MockProviderServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[Stack]:
-    settings = provider_settings(tmp_path_factory.mktemp("providers"), mock_provider)
-    async with running_stack(settings, dev_server.client) as stack:
-        yield stack
 
 
 async def events(stack: Stack, job_id: str) -> list[JobEvent]:
