@@ -63,7 +63,7 @@ class JobService:
         *,
         max_attempts_default: int,
         max_prompt_bytes: int,
-        max_image_bytes: int = 20 * 2**20,
+        max_image_bytes: int = 10_000_000,
         metrics_org_labels: bool = False,
         max_jobs_per_prompt: int | None = None,
     ) -> None:
