@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -39,10 +40,22 @@ PG_ADMIN_URL = os.environ.get("PROMPTJOBS_TEST_PG", "postgresql://postgres@127.0
 T = TypeVar("T")
 
 
+# Ports for the servers tests start: below the kernel's ephemeral range (32768 and up), so no
+# outgoing connection takes one between its choice and its bind, and picked at random, so the
+# suite's processes side by side (./run test) do not pick the same one. A port asked of the
+# kernel (bind to 0) is from the ephemeral range, and was seen taken before its server bound it.
+TEST_PORTS = range(10_000, 32_000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    while True:
+        port = random.choice(TEST_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 async def eventually(

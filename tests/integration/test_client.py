@@ -41,6 +41,42 @@ def later() -> datetime:
     return datetime.now(UTC) + timedelta(minutes=10)
 
 
+async def test_the_client_sends_a_conversation_and_reads_its_tool_calls(stack: Stack) -> None:
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
+
+    def scenario() -> None:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            messages: list[dict[str, object]] = [{"role": "user", "content": "find it"}]
+            job = client.submit(messages=messages, tools=tools)
+            assert job.wait(timeout=30).state is JobState.SUCCEEDED
+            answer = job.response()
+            [call] = answer.tool_calls or []
+            assert (call.function.name, json.loads(call.function.arguments)) == (
+                "lookup",
+                {"q": "mock"},
+            )
+            messages += [
+                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": "found"},
+            ]
+            final = client.submit(messages=messages, tools=tools)
+            assert final.wait(timeout=30).state is JobState.SUCCEEDED
+            assert final.response().text.endswith("found")
+            assert client.prompt(final.prompt_id).messages == messages
+            with pytest.raises(ValueError, match="not both"):
+                client.submit("x", messages=messages)
+
+    await asyncio.to_thread(scenario)
+
+
 async def test_every_sync_client_call_works_against_the_live_api(stack: Stack) -> None:
     def scenario() -> None:
         with PromptJobs(stack.base_url, stack.api_key) as client:
