@@ -17,7 +17,7 @@ from api.openai.errors import error_type, param_of
 from api.openai.responses import (
     CreateResponse,
     UnsupportedParameter,
-    response_object,
+    answered_object,
     submission_of,
 )
 from projections.domain.errors import PromptTooLarge
@@ -165,14 +165,7 @@ def output_line(batch: Batch, outcome: Outcome) -> dict[str, Any]:
     if batch.endpoint == "/v1/chat/completions":
         body = chat_completion(outcome.prompt, outcome.job, outcome.response)
     else:
-        answer = outcome.response
-        body = response_object(
-            outcome.prompt,
-            outcome.job,
-            text=answer.text,
-            finish_reason=answer.finish_reason,
-            model=answer.model,
-        )
+        body = answered_object(outcome.prompt, outcome.job, outcome.response)
     return {
         "id": "batch_req_" + outcome.job.job_id.removeprefix("job_"),
         "custom_id": outcome.custom_id,

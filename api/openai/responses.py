@@ -348,6 +348,18 @@ class CreateResponse(BaseModel):
         }
 
 
+def answered_object(prompt: Prompt, job: JobLike, answer: Response) -> dict[str, Any]:
+    """The `response` object of a prompt whose current job is `job`, with its answer."""
+    return response_object(
+        prompt,
+        job,
+        text=answer.text,
+        finish_reason=answer.finish_reason,
+        model=answer.model,
+        tool_calls=answer.tool_calls,
+    )
+
+
 def continued(prompt: Prompt, answer: Response) -> list[dict[str, Any]]:
     """The conversation a response continuing `prompt` starts with (`previous_response_id`):
     that prompt's messages (its text as one user message, for a prompt of text) and its

@@ -21,6 +21,7 @@ from api.openai.responses import (
     CreateResponse,
     JobLike,
     UnsupportedParameter,
+    answered_object,
     continued,
     prompt_id_of,
     response_object,
@@ -180,15 +181,7 @@ async def _object_of(
     """The response object of `prompt` whose current job is `job` (with its answer, if any)."""
     if job.response_id is None:
         return response_object(prompt, job)
-    answer = await ctx.store.response(caller, job.response_id)
-    return response_object(
-        prompt,
-        job,
-        text=answer.text,
-        finish_reason=answer.finish_reason,
-        model=answer.model,
-        tool_calls=answer.tool_calls,
-    )
+    return answered_object(prompt, job, await ctx.store.response(caller, job.response_id))
 
 
 async def _settled(

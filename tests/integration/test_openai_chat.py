@@ -258,3 +258,31 @@ async def test_an_agent_loop_as_batch_files(provider_stack: Stack, model: str) -
     [final] = await batch_answers(client, [line("answer")])
     assert final["choices"][0]["message"]["content"].endswith(result)
     assert final["usage"]["total_tokens"] > 0
+
+
+async def test_a_responses_batch_line_carries_tools_and_answers_a_function_call(
+    provider_stack: Stack,
+) -> None:
+    from tests.integration.test_openai_batches import finished, jsonl, upload
+
+    client = sdk(provider_stack)
+    line = {
+        "custom_id": "ask",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {
+            "model": "openai/gpt-test",
+            "input": [{"role": "user", "content": f"weather? {uuid.uuid4().hex}"}],
+            "tools": [RESPONSES_TOOL],
+        },
+    }
+    batch = await client.batches.create(
+        input_file_id=await upload(client, jsonl([line])),
+        endpoint="/v1/responses",
+        completion_window="24h",
+    )
+    done = await finished(client, batch.id)
+    assert done.status == "completed" and done.output_file_id, done
+    [row] = map(json.loads, (await client.files.content(done.output_file_id)).text.splitlines())
+    output = row["response"]["body"]["output"]
+    assert [(item["type"], item["name"]) for item in output] == [("function_call", "get_weather")]
