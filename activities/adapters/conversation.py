@@ -3,8 +3,9 @@ every adapter translates into its provider's (OpenAI's Chat Completions shapes, 
 clients already speak: a client appends an answer's `tool_calls` as it got them).
 
 A prompt given as one string is one user message (`one_message`); a stored prompt from before
-conversations reads so too. The rules a conversation obeys across its messages (a tool
-message answers a call made before it, a named tool exists) are `check_conversation`'s."""
+conversations reads so too. The rules across the messages (a user message among them, a tool
+message answers a call made before it) are `check_conversation`'s; across the tools (distinct
+names, a chosen tool among them), `check_tools`', which the options model runs."""
 
 from __future__ import annotations
 
@@ -414,6 +415,8 @@ def user_texts(messages: Iterable[Message]) -> str:
 
 
 class ImagesTooLarge(Refused):
+    """Images given inline past PROMPTJOBS_MAX_IMAGE_BYTES (their data URLs' bytes)."""
+
     code = "images_too_large"
 
     def __init__(self, size: int, limit: int) -> None:
