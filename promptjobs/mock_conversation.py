@@ -5,13 +5,13 @@ result that answers no call, an image part of the other API's shape."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from activities.adapters.conversation import DATA_URL
+
 Api = Literal["openai", "anthropic"]
-DATA_URL = re.compile(r"^data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]+$")
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def _openai_image(i: int, part: dict[str, Any]) -> str:
         found = DATA_URL.match(url)
         if found is None:
             raise ValueError(f"messages[{i}]: the image's data URL is not a base64 image")
-        return f"base64 image/{found.group(1)}"
+        return f"base64 {found.group(1)}"
     return "url"
 
 

@@ -12,7 +12,12 @@ from typing import Any
 import anthropic
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
-from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
+from activities.adapters.base import (
+    AdapterRequest,
+    InvalidOptions,
+    StreamedOutput,
+    answered_call,
+)
 from activities.adapters.batch import (
     CLOCK_SLACK,
     BatchStatus,
@@ -508,11 +513,12 @@ class AnthropicBatches:
             usage = message.usage or _Usage()
             text = "".join(block.text or "" for block in message.content if block.type == "text")
             calls = [
-                {
-                    "id": block.id or f"call_{i}",
-                    "name": block.name or "",
-                    "arguments": json.dumps(block.input if block.input is not None else {}),
-                }
+                answered_call(
+                    i,
+                    block.id,
+                    block.name or "",
+                    json.dumps(block.input if block.input is not None else {}),
+                )
                 for i, block in enumerate(message.content)
                 if block.type == "tool_use"
             ]

@@ -66,6 +66,12 @@ def provider_limits(headers: Mapping[str, str]) -> ProviderLimits | None:
     return None if rpm is None and tpm is None else ProviderLimits(rpm, tpm)
 
 
+def answered_call(index: int, call_id: str | None, name: str, arguments: str) -> dict[str, str]:
+    """A tool call of an answer as AttemptResult keeps it, streamed or read whole: one the
+    provider gave no id gets `call_<index>`, one without arguments `{}`."""
+    return {"id": call_id or f"call_{index}", "name": name, "arguments": arguments or "{}"}
+
+
 class StreamedOutput:
     """What an adapter hands upward while its call runs: each text delta as it arrives, and
     the provider's token counts when it tells them (a stream's usage comes in its last
@@ -135,11 +141,7 @@ class StreamedOutput:
         if not self._calls:
             return None
         return [
-            {
-                "id": call_id or f"call_{index}",
-                "name": name,
-                "arguments": "".join(parts) or "{}",
-            }
+            answered_call(index, call_id, name, "".join(parts))
             for index, (call_id, name, parts) in sorted(self._calls.items())
         ]
 

@@ -38,10 +38,12 @@ MAX_TOOL_CALLS = 128
 MAX_PARTS = 500
 # A call id as the providers make them (`call_…`, `toolu_…`), and as a client may.
 CALL_ID = r"^[A-Za-z0-9_.:-]{1,128}$"
-# An image given inline: a base64 data URL of a type both providers read.
-DATA_URL = re.compile(r"^data:(image/(?:png|jpeg|gif|webp));base64,([A-Za-z0-9+/=\s]+)$")
+# An image given inline: a base64 data URL of a type both providers read (its media type and
+# its data).
+_DATA_URL = r"data:(image/(?:png|jpeg|gif|webp));base64,([A-Za-z0-9+/=\s]+)"
+DATA_URL = re.compile(f"^{_DATA_URL}$")
 # What an image part's URL may be (the OpenAPI document says it too).
-IMAGE_URL = r"^(https?://\S+|data:image/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=\s]+)$"
+IMAGE_URL = rf"^(https?://\S+|{_DATA_URL})$"
 # The tokens an image is counted as before the provider says (a budget's estimate): about a
 # 1024 by 1024 image's at OpenAI's high detail and Anthropic's (width * height / 750).
 IMAGE_TOKENS = 1_100

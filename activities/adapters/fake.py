@@ -81,7 +81,8 @@ class FakeAdapter:
         behaviour = request.options.fake or FakeOptions()
         # The answer to the conversation's last message (a prompt's text; a tool's result).
         last = text_of(request.conversation[-1].content)
-        text = "" if scripted_calls(request) else fake_output(last)
+        calls = scripted_calls(request)
+        text = "" if calls else fake_output(last)
         chunks = fake_chunks(text)
         pause_s = behaviour.latency_ms / 1000 / len(chunks)
         failing = (
@@ -113,7 +114,6 @@ class FakeAdapter:
                 f"fake adapter: injected {failing.value} on attempt {request.attempt}",
                 retry_after_s=behaviour.retry_after_s if failing is ErrorKind.RATE_LIMIT else None,
             )
-        calls = scripted_calls(request)
         for index, call in enumerate(calls):
             output.tool_call(index, call_id=call["id"], name=call["name"])
             output.tool_call(index, arguments=call["arguments"])

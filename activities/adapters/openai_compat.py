@@ -13,7 +13,7 @@ from typing import Any, Literal
 import openai
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 
-from activities.adapters.base import AdapterRequest, StreamedOutput
+from activities.adapters.base import AdapterRequest, StreamedOutput, answered_call
 from activities.adapters.batch import (
     BATCH_TAG,
     CLOCK_SLACK,
@@ -431,11 +431,7 @@ class OpenAIBatches:
             input_tokens=usage.prompt_tokens,
             output_tokens=usage.completion_tokens,
             tool_calls=[
-                {
-                    "id": call.id or f"call_{i}",
-                    "name": call.function.name,
-                    "arguments": call.function.arguments or "{}",
-                }
+                answered_call(i, call.id, call.function.name, call.function.arguments)
                 for i, call in enumerate(choice.message.tool_calls)
             ]
             if choice.message.tool_calls

@@ -82,11 +82,7 @@ class ChatRequest(BaseModel):
             )
         if self.stream and in_batch:
             raise UnsupportedParameter("stream", "a batch line cannot stream: leave it out")
-        options = dict(self.promptjobs.options)
-        provider, model = adapters.split_model(self.model)
-        if provider is not None:
-            options["provider"] = provider
-        options["model"] = model
+        options = self.promptjobs.options_for(adapters, self.model)
         max_tokens = self.max_completion_tokens or self.max_tokens
         if max_tokens is not None:
             options["max_tokens"] = max_tokens

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, St
 from activities.adapters.base import AdapterRegistry, parse_options
 from activities.adapters.json_types import NO_NUL
 from activities.adapters.options import PromptOptions
+from api.schemas import tool_calls_out
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import ErrorKind, JobState
 from projections.models import Prompt, Response
@@ -219,6 +220,16 @@ class PromptjobsExtras(BaseModel):
         description='Provider options as `POST /v1/prompts` takes them, e.g. `{"fake": {…}}`',
     )
 
+    def options_for(self, adapters: AdapterRegistry, model: str) -> dict[str, Any]:
+        """The job's options before a request's own parameters: these, with the provider and
+        model OpenAI's `model` names (`provider/model`, or a model of the default provider)."""
+        options = dict(self.options)
+        provider, named = adapters.split_model(model)
+        if provider is not None:
+            options["provider"] = provider
+        options["model"] = named
+        return options
+
 
 class CreateResponse(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -312,11 +323,7 @@ class CreateResponse(BaseModel):
 
     def options(self, adapters: AdapterRegistry) -> dict[str, Any]:
         """The job's options: `promptjobs.options`, then the OpenAI parameters over them."""
-        options = dict(self.promptjobs.options)
-        provider, model = adapters.split_model(self.model)
-        if provider is not None:
-            options["provider"] = provider
-        options["model"] = model
+        options = self.promptjobs.options_for(adapters, self.model)
         for key, value in (
             ("system", self.instructions),
             ("max_tokens", self.max_output_tokens),
@@ -366,15 +373,8 @@ def continued(prompt: Prompt, answer: Response) -> list[dict[str, Any]]:
     answer, as an assistant message with any tool calls it made."""
     before = list(prompt.messages or [{"role": "user", "content": prompt.text}])
     said: dict[str, Any] = {"role": "assistant", "content": answer.text or None}
-    if answer.tool_calls:
-        said["tool_calls"] = [
-            {
-                "id": call["id"],
-                "type": "function",
-                "function": {"name": call["name"], "arguments": call["arguments"]},
-            }
-            for call in answer.tool_calls
-        ]
+    if calls := tool_calls_out(answer.tool_calls):
+        said["tool_calls"] = [call.model_dump(mode="json") for call in calls]
     elif said["content"] is None:
         said["content"] = ""
     return [*before, said]

@@ -139,7 +139,7 @@ async def _completion(ctx: ApiContext, caller: Scope, prompt: Prompt, job: Job) 
     """A settled job as its call answers: the completion, or the job's error (never retried
     by the SDK: the job already ran its attempts)."""
     if job.state == JobState.SUCCEEDED and job.response_id is not None:
-        _, answer = await _answer(ctx, caller, job.job_id)
+        answer = await ctx.store.response(caller, job.response_id)
         return JSONResponse(chat_completion(prompt, job, answer))
     if job.state == JobState.CANCELLED:
         status, code, why = 409, "cancelled", "the job was cancelled"

@@ -13,19 +13,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.conftest import MockProviderServer, Stack
+from tests.integration.test_conversations import PIXEL, WEATHER
 
-WEATHER: Any = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 MODELS = ["openai/gpt-test", "anthropic/claude-test"]
 
 
@@ -144,7 +133,6 @@ async def test_a_failed_job_is_an_error_the_sdk_does_not_retry(
 
 
 RESPONSES_TOOL: Any = {"type": "function", **WEATHER["function"]}
-PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 
 
 @pytest.mark.parametrize("model", MODELS)
