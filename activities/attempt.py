@@ -630,15 +630,20 @@ def job_closed(
     )
 
 
-def provider_busy(message: str, attempt: int | None, wait_s: float) -> ApplicationError:
+def provider_busy(
+    message: str, attempt: int | None, wait_s: float, made: int | None = None
+) -> ApplicationError:
     """The call does not fit its provider budget now, or the provider said 429 to it
     (`attempt`: the attempt that got it, which the job is not charged for): the workflow
-    waits about `wait_s` for room, or for the dispatcher's wake, and asks again. Benign: a
-    busy provider is the normal business of this service."""
+    waits about `wait_s` for room, or for the dispatcher's wake, and asks again. `made`:
+    the attempts the job has made before the refused one, where Temporal's retries of the
+    activity (a worker lost mid-call) made more than the workflow counted. Benign: a busy
+    provider is the normal business of this service."""
     return ApplicationError(
         message,
         attempt,
         wait_s,
+        made,
         type=PROVIDER_BUSY,
         non_retryable=True,
         category=ApplicationErrorCategory.BENIGN,

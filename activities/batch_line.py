@@ -101,9 +101,8 @@ class BatchLine:
             cost_usd=usage.cost_usd,
             latency_ms=usage.duration_ms,
         )
-        applied = await self.settling.succeed(
-            job_id, attempt, result, tail=OutputBatch(job_id, attempt, 0, result.text), usage=usage
-        )
+        tail = OutputBatch(job_id, attempt, 0, result.text, result.tool_calls)
+        applied = await self.settling.succeed(job_id, attempt, result, tail=tail, usage=usage)
         if applied.state is JobState.SUCCEEDED:
             await wake(applied.waiting_children)
         return settled_verdict(await self._row())

@@ -131,8 +131,9 @@ class JobActivities:
         if started.budget_wait is not None:
             wait = started.budget_wait
             seconds = (wait.until - datetime.now(UTC)).total_seconds()
-            # Nothing was called: the job stays queued and its workflow waits for room.
-            raise provider_busy(wait.describe(), None, max(seconds, 0.05))
+            # Nothing was called: the job stays queued and its workflow waits for room, then
+            # asks again as this attempt (the ones before it, lost with their worker, count).
+            raise provider_busy(wait.describe(), None, max(seconds, 0.05), made=attempt - 1)
         if started.waiting is not None:
             waiting = started.waiting
             # Nothing changed: the job stays queued and its workflow waits for a slot.

@@ -1,5 +1,5 @@
-"""A worker's streaming attempts: their text goes to the projection in batches, and their job
-rows are watched so that a cancelled job's provider call is closed at once.
+"""A worker's streaming attempts: their text and tool calls go to the projection in batches,
+and their job rows are watched so that a cancelled job's provider call is closed at once.
 
 Writes are bounded whatever the token rate: a job's text is written at most once per
 `flush_s` (the first text after a quiet spell at once, so the first token shows without
@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from activities.adapters.base import StreamedOutput
 from projections.domain.lifecycle import JobState
 from projections.reads import AttemptStanding
-from projections.streams import OutputBatch, OutputWritten
+from projections.streams import OutputBatch, OutputWritten, calls_size
 
 log = logging.getLogger("promptjobs.worker")
 
@@ -40,6 +40,8 @@ class AttemptStream:
     on_stop: Callable[[str], None]
     output: StreamedOutput = field(init=False)
     flushed: int = 0
+    # How far the tool calls had streamed at the last write (projections.streams.calls_size).
+    flushed_calls: int = 0
     last_flush_at: float = float("-inf")
     # Why the call was stopped (the row's word), once it was.
     stopped: str | None = None
@@ -50,13 +52,29 @@ class AttemptStream:
 
     @property
     def pending(self) -> int:
-        return self.output.length - self.flushed
+        """Characters streamed and not written yet: text, and tool calls' ids, names and
+        arguments."""
+        calls = self.output.calls_size - self.flushed_calls
+        return self.output.length - self.flushed + calls
 
     def unwritten(self) -> OutputBatch | None:
-        """The text not in the projection yet, if any."""
+        """The text not in the projection yet, and the tool calls if they grew, if any."""
         if self.pending <= 0:
             return None
-        return OutputBatch(self.job_id, self.attempt, self.flushed, self.output.since(self.flushed))
+        grew = self.output.calls_size > self.flushed_calls
+        return OutputBatch(
+            self.job_id,
+            self.attempt,
+            self.flushed,
+            self.output.since(self.flushed),
+            self.output.streaming_calls if grew else None,
+        )
+
+    def written(self, batch: OutputBatch) -> None:
+        """`batch` is in the projection (or was refused for good: a stale attempt's)."""
+        self.flushed = batch.offset + len(batch.text)
+        if batch.tool_calls is not None:
+            self.flushed_calls = calls_size(batch.tool_calls)
 
     def stop(self, why: str) -> None:
         if self.stopped is None:
@@ -178,7 +196,7 @@ class OutputStreams:
             self._failed_writes = 0
         for i, stream in enumerate(due):
             if written is not None:
-                stream.flushed = batches[i].offset + len(batches[i].text)
+                stream.written(batches[i])
                 if not written[i].running:
                     stream.stop("the job is no longer running this attempt")
             stream.armed = stream.pending > 0

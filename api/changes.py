@@ -38,7 +38,7 @@ def frame(event: JobEvent) -> bytes:
     if shape is None:
         data = listed(JobOut.model_validate(event.data)).model_dump_json()
     else:
-        data = shape.model_validate(event.data).model_dump_json()
+        data = shape.model_validate(event.data).model_dump_json(exclude_none=True)
     return ServerSentEvent(data=data, event=event.type, id=str(event.id)).encode()
 
 

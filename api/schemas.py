@@ -207,12 +207,27 @@ class JobOut(JobRow):
 
 
 class OutputChunk(BaseModel):
-    """A piece of a job's streamed text (the data of a `job.output` event)."""
+    """A piece of a job's streamed output (the data of a `job.output` event): text, and the
+    attempt's tool calls as they stand when they have grown."""
 
     job_id: str
     attempt: int = Field(description="The attempt that streamed it")
     offset: int = Field(description="Where `text` starts in that attempt's output (characters)")
     text: str
+    tool_calls: list[ToolCall] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Present when the attempt's tool calls grew: each call so far, whole (its "
+        "id, its function's name, its arguments' JSON text so far, which the next snapshot "
+        "only lengthens). Left out when they did not grow.",
+    )
+
+    @field_validator("tool_calls", mode="before")
+    @classmethod
+    def _stored_calls(cls, value: Any) -> Any:
+        # The event log keeps a call flat (id, name, arguments), as a response row does.
+        if isinstance(value, list) and value and "function" not in value[0]:
+            return tool_calls_out(value)
+        return value
 
 
 class OutputReset(BaseModel):
@@ -223,7 +238,13 @@ class OutputReset(BaseModel):
 
 
 class OutputOut(OutputChunk):
-    """`GET /v1/jobs/{id}/output`: the current attempt's text from an offset on."""
+    """`GET /v1/jobs/{id}/output`: the current attempt's text from an offset on, and its tool
+    calls so far."""
+
+    tool_calls: list[ToolCall] | None = Field(
+        default=None,
+        description="The attempt's tool calls so far, whole (arguments so far); null: none",
+    )
 
     done: bool = Field(
         description="The job has settled and its last attempt has written all it streamed: "

@@ -264,9 +264,10 @@ class Response(Base):
 
 
 class JobOutput(Base):
-    """The text a job's current attempt has streamed so far (each batch is also a
-    `job.output` event in the log). A new attempt that starts after streamed text replaces
-    it, with a `job.output_reset` event; once the job succeeds it equals the response."""
+    """The text and tool calls a job's current attempt has streamed so far (each batch is
+    also a `job.output` event in the log). A new attempt that starts after streamed output
+    replaces it, with a `job.output_reset` event; once the job succeeds it equals the
+    response."""
 
     __tablename__ = "job_outputs"
 
@@ -275,6 +276,9 @@ class JobOutput(Base):
     text: Mapped[str] = mapped_column(Text)
     # Characters in `text`: the offset the next batch must start at.
     length: Mapped[int] = mapped_column(Integer)
+    # The tool calls streamed so far (id, name, the arguments' text so far), in the answer's
+    # order; None: none. Each write holds them whole: arguments only grow.
+    tool_calls: Mapped[list[dict[str, str]] | None] = mapped_column(JSON(none_as_null=True))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 

@@ -55,6 +55,7 @@ class Output:
     offset: int
     text: str
     done: bool
+    tool_calls: list[dict[str, str]] | None = None
 
 
 # Job ids per query of a worker's watch (an IN list of this many at most).
@@ -104,7 +105,8 @@ class JobReads:
 
     async def output(self, scope: Scope, job_id: str, since: int) -> Output:
         """The text the job's current attempt has streamed, from character `since` on (from
-        its end, if `since` is past it). One snapshot: the job and its output read together."""
+        its end, if `since` is past it), and its tool calls so far. One snapshot: the job and
+        its output read together."""
         async with self.sessions() as session:
             job = await get_visible(session, Job, "job", job_id, scope)
             stored = await session.get(JobOutput, job_id)
@@ -123,7 +125,7 @@ class JobReads:
             # Nothing streamed by this attempt yet (an earlier one's text was reset).
             return Output(job, job.attempt, 0, "", done)
         offset = min(max(since, 0), stored.length)
-        return Output(job, stored.attempt, offset, stored.text[offset:], done)
+        return Output(job, stored.attempt, offset, stored.text[offset:], done, stored.tool_calls)
 
     async def attempts(self, scope: Scope, job_id: str) -> tuple[Job, list[AttemptRecord]]:
         """The job and each of its attempts that recorded what it consumed, oldest first."""

@@ -1,12 +1,12 @@
 """The projection's writes of what an attempt streamed and consumed: batches of output text
-(each one a `job.output` event), the reset when a new attempt starts, and the attempt's usage
-record with the job's sums. Plain functions of a `WriteTx`, like the projector's transitions,
-and as idempotent: the offset of a batch and the (job, attempt) of a usage record make a
-repeated write a no-op."""
+and tool calls (each one a `job.output` event), the reset when a new attempt starts, and the
+attempt's usage record with the job's sums. Plain functions of a `WriteTx`, like the
+projector's transitions, and as idempotent: the offset of a batch, the size of its tool
+calls and the (job, attempt) of a usage record make a repeated write a no-op."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -28,12 +28,22 @@ ATTEMPTS = Base.metadata.tables[AttemptRecord.__tablename__]
 
 @dataclass(frozen=True)
 class OutputBatch:
-    """Text attempt `attempt` streamed, from character `offset` of its output on."""
+    """Text attempt `attempt` streamed, from character `offset` of its output on, and the
+    tool calls it has streamed so far if they grew since the last batch: whole (id, name,
+    the arguments' text so far), since arguments only grow, so a batch written twice or
+    late never takes back what a later one wrote."""
 
     job_id: str
     attempt: int
     offset: int
     text: str
+    tool_calls: list[dict[str, str]] | None = None
+
+
+def calls_size(calls: list[dict[str, str]] | None) -> int:
+    """How far tool calls have streamed: the characters of their ids, names and arguments,
+    which only grow as an attempt streams (a larger size is a later snapshot)."""
+    return sum(len(c["id"]) + len(c["name"]) + len(c["arguments"]) for c in calls or ())
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,7 @@ def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> li
         JOBS.c.last_event_id,
         OUTPUTS.c.attempt.label("output_attempt"),
         OUTPUTS.c.length.label("output_length"),
+        OUTPUTS.c.tool_calls.label("output_calls"),
     ).select_from(JOBS.outerjoin(OUTPUTS, OUTPUTS.c.job_id == JOBS.c.job_id))
     read = read.where(JOBS.c.job_id.in_(ids))
     if tx.postgresql:
@@ -105,19 +116,26 @@ def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> li
         # Its event after the row's last transition's (see projector.transition).
         tx.check_order(job.job_id, job.last_event_id)
         how, batch = placed
+        kept = job.output_calls if how == "append" else None
+        calls = batch.tool_calls if batch.tool_calls is not None else kept
         writes[how].append(
             {
                 "job_id": batch.job_id,
                 "attempt": batch.attempt,
                 "text": batch.text,
                 "length": len(batch.text),
+                "tool_calls": calls,
                 "now": now,
             }
         )
         # The next batch of the same job (a later flush in one transaction) goes on from here.
         job.output_attempt, job.output_length = batch.attempt, batch.offset + len(batch.text)
-        data = {"job_id": batch.job_id, "attempt": batch.attempt, "offset": batch.offset}
-        logged.append((job, {**data, "text": batch.text}))
+        job.output_calls = calls
+        data: dict[str, Any] = {"job_id": batch.job_id, "attempt": batch.attempt}
+        data.update(offset=batch.offset, text=batch.text)
+        if batch.tool_calls is not None:
+            data["tool_calls"] = batch.tool_calls
+        logged.append((job, data))
         results.append(OutputWritten(True, running))
     for how, build in (
         ("insert", _insert_statement),
@@ -131,23 +149,29 @@ def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> li
 
 def _place(job: Any, batch: OutputBatch) -> tuple[str, OutputBatch] | None:
     """How `batch` joins the job's stored output: ("insert" | "replace" | "append", the
-    batch as written), or None if it does not belong (a stale attempt, a settled job, text
-    already stored whole, or a gap)."""
-    if job.attempt != batch.attempt or job.state not in OUTPUT_STATES or not batch.text:
+    batch as written: its new text, and its tool calls if they are newer than the stored
+    ones), or None if it does not belong (a stale attempt, a settled job, text and calls
+    already stored, or a gap in the text)."""
+    if job.attempt != batch.attempt or job.state not in OUTPUT_STATES:
         return None
-    if job.output_attempt is None:
-        return ("insert", batch) if batch.offset == 0 else None
-    if job.output_attempt < batch.attempt:
-        # An earlier attempt's text that streamed nothing more (no reset was due).
-        return ("replace", batch) if batch.offset == 0 else None
+    same = job.output_attempt == batch.attempt
+    stored = calls_size(job.output_calls) if same else 0
+    calls = batch.tool_calls if calls_size(batch.tool_calls) > stored else None
+    if not batch.text and calls is None:
+        return None
+    if job.output_attempt is None or job.output_attempt < batch.attempt:
+        # The attempt's first output (replacing an earlier attempt's that streamed nothing
+        # more, when no reset was due).
+        how = "insert" if job.output_attempt is None else "replace"
+        return (how, replace(batch, tool_calls=calls)) if batch.offset == 0 else None
     have = job.output_length
-    if job.output_attempt == batch.attempt and batch.offset <= have < batch.offset + len(
-        batch.text
-    ):
+    if same and batch.offset <= have < batch.offset + len(batch.text):
         # The batch goes on from where the text ends; a batch that starts earlier repeats
         # text a write whose commit went unacknowledged already stored: only its rest goes.
         rest = batch.text[have - batch.offset :]
-        return "append", OutputBatch(batch.job_id, batch.attempt, have, rest)
+        return "append", OutputBatch(batch.job_id, batch.attempt, have, rest, calls)
+    if same and calls is not None:
+        return "append", OutputBatch(batch.job_id, batch.attempt, have, "", calls)
     return None
 
 
@@ -157,6 +181,7 @@ def _insert_statement() -> Any:
         attempt=bindparam("attempt", None),
         text=bindparam("text", None),
         length=bindparam("length", None),
+        tool_calls=bindparam("tool_calls", None, type_=OUTPUTS.c.tool_calls.type),
         updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
     )
 
@@ -169,6 +194,7 @@ def _replace_statement() -> Any:
             attempt=bindparam("attempt", None),
             text=bindparam("text", None),
             length=bindparam("length", None),
+            tool_calls=bindparam("tool_calls", None, type_=OUTPUTS.c.tool_calls.type),
             updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
         )
     )
@@ -181,14 +207,16 @@ def _append_statement() -> Any:
         .values(
             text=OUTPUTS.c.text + bindparam("text", None, type_=OUTPUTS.c.text.type),
             length=OUTPUTS.c.length + bindparam("length", None, type_=OUTPUTS.c.length.type),
+            tool_calls=bindparam("tool_calls", None, type_=OUTPUTS.c.tool_calls.type),
             updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
         )
     )
 
 
 def reset_output(tx: WriteTx, job: Job, now: datetime) -> None:
-    """Attempt `job.attempt` has just started: if an earlier attempt streamed text, clear it
-    and log a `job.output_reset`, so no client glues two attempts' text together."""
+    """Attempt `job.attempt` has just started: if an earlier attempt streamed text or tool
+    calls, clear them and log a `job.output_reset`, so no client glues two attempts'
+    output together."""
     statement = prepared(tx, ("reset_output",), _reset_statement)
     cleared = statement.run(tx, {"job_id": job.job_id, "attempt": job.attempt, "now": now})
     if cleared is None:
@@ -204,12 +232,13 @@ def _reset_statement() -> Any:
         .where(
             OUTPUTS.c.job_id == bindparam("job_id", None),
             OUTPUTS.c.attempt < attempt,
-            OUTPUTS.c.length > 0,
+            or_(OUTPUTS.c.length > 0, OUTPUTS.c.tool_calls.is_not(None)),
         )
         .values(
             attempt=attempt,
             text="",
             length=0,
+            tool_calls=None,
             updated_at=bindparam("now", None, type_=OUTPUTS.c.updated_at.type),
         )
         .returning(OUTPUTS.c.job_id)

@@ -93,6 +93,12 @@ PROVIDER_BUDGETS = "provider-budgets"
 # back to run directly (BATCH_DONE); only inputs with `deferrable` take the path.
 PROVIDER_BATCHES = "provider-batches"
 
+# Since this patch a call refused by its provider budget after Temporal retried the activity
+# (its worker was lost mid-call) counts the lost attempts: the next call is the attempt after
+# them. Before it the next call repeated the lost attempt's number, so the crash was never
+# recorded and the retry streamed over the lost attempt's output.
+COUNT_LOST_ATTEMPTS = "count-lost-attempts"
+
 
 def initial_search_attributes(job: PromptJobInput) -> TypedSearchAttributes:
     """What a job's workflow carries from its start, so the Web UI can find it."""
@@ -293,8 +299,15 @@ class PromptJobWorkflow:
                     raise
                 if budget and refused.type == PROVIDER_BUSY:
                     attempt, wait_s = refused.details[0], refused.details[1]
+                    lost = refused.details[2] if len(refused.details) > 2 else None
                     if isinstance(attempt, int):
                         made, spared = attempt, spared + 1
+                    elif (
+                        isinstance(lost, int)
+                        and lost > made
+                        and workflow.patched(COUNT_LOST_ATTEMPTS)
+                    ):
+                        made = lost
                     recheck = min(SLOT_RECHECK, timedelta(seconds=max(float(wait_s), 0.05)))
                 elif refused.type != ORG_BUSY:
                     raise

@@ -94,6 +94,7 @@ class StreamedOutput:
         self._on_delta = on_delta
         # The tool calls streamed so far, by their place in the answer: id, name, arguments.
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
+        self._argument_chars = 0
 
     def answered_with(self, headers: Mapping[str, str]) -> None:
         """The headers of the provider's answer (a success's or an error's)."""
@@ -133,6 +134,32 @@ class StreamedOutput:
         self._calls[index] = (call_id or known_id, name or known_name, parts)
         if arguments:
             parts.append(arguments)
+            self._argument_chars += len(arguments)
+        self.deltas += 1
+        if self._on_delta is not None:
+            self._on_delta()
+
+    @property
+    def calls_size(self) -> int:
+        """How far the tool calls have streamed: the characters of their ids, names and
+        arguments so far (projections.streams.calls_size of `streaming_calls`)."""
+        named = sum(
+            len(call_id or f"call_{index}") + len(name)
+            for index, (call_id, name, _) in self._calls.items()
+        )
+        return named + self._argument_chars
+
+    @property
+    def streaming_calls(self) -> list[dict[str, str]] | None:
+        """The tool calls as they stand while they stream (None: none yet): each one's id
+        and name as `tool_calls` gives them, and its arguments' text so far (empty until
+        the first fragment, where `tool_calls` says `{}`)."""
+        if not self._calls:
+            return None
+        return [
+            {**answered_call(index, call_id, name, ""), "arguments": "".join(parts)}
+            for index, (call_id, name, parts) in sorted(self._calls.items())
+        ]
 
     @property
     def tool_calls(self) -> list[dict[str, str]] | None:

@@ -1,8 +1,10 @@
 """A chat completion's stream, OpenAI's `chat.completion.chunk`s, made from the prompt's event
-log: the role first, the text as the job's output events bring it, then at the job's end its
-tool calls, the finish reason, the usage (with `stream_options.include_usage`) and `[DONE]`.
+log: the role first, the text and the tool calls as the job's output events bring them (a
+call's id and name in its first chunk, its arguments in pieces after, by `index`), then at
+the job's end what had not streamed, the finish reason, the usage (with
+`stream_options.include_usage`) and `[DONE]`.
 
-Chat Completions has no way to take back text: if an attempt that streamed text is cut and
+Chat Completions has no way to take back output: if an attempt that streamed some is cut and
 another begins, the stream ends with an error event (`attempt_restarted`) instead of gluing
 two attempts' texts together; the job goes on, and its answer is read whole with
 `chat.completions.retrieve(id)` (docs/openai.md). A job that fails or is cancelled ends the
@@ -15,7 +17,6 @@ from typing import Any
 
 from api.openai.chat import completion_id, finish_reason_of, usage_of
 from api.openai.responses import ERROR_CODES
-from api.schemas import tool_calls_out
 from projections.domain.lifecycle import EventType, JobState
 from projections.models import Job, JobEvent, Prompt, Response
 from projections.rows import JobRow
@@ -37,6 +38,7 @@ class ChatChunks:
         self.created = int(prompt.created_at.timestamp())
         self.attempt: tuple[str, int] | None = None
         self.sent = 0  # characters of text sent
+        self.calls_sent: list[int] = []  # characters of each tool call's arguments sent
         self.over = False
 
     def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
@@ -61,7 +63,7 @@ class ChatChunks:
             self.id = completion_id(event.job_id)
             out.append(self._chunk({"role": "assistant", "content": ""}))
         if event.type == EventType.OUTPUT:
-            self._text(event.data, out)
+            self._output(event.data, out)
         elif event.type == EventType.DONE:
             await self._end(JobRow.model_validate(event.data), out)
         return out
@@ -72,9 +74,9 @@ class ChatChunks:
             await self._end(row, out)
         return out
 
-    def _text(self, data: dict[str, Any], out: list[dict[str, Any]]) -> None:
+    def _output(self, data: dict[str, Any], out: list[dict[str, Any]]) -> None:
         key = (str(data["job_id"]), int(data["attempt"]))
-        if self.attempt is not None and key != self.attempt and self.sent:
+        if self.attempt is not None and key != self.attempt and (self.sent or self.calls_sent):
             self._error(
                 out,
                 "attempt_restarted",
@@ -84,12 +86,31 @@ class ChatChunks:
             )
             return
         self.attempt = key
-        offset, text = int(data["offset"]), str(data["text"])
+        self._text(int(data["offset"]), str(data["text"]), out)
+        self._calls(data.get("tool_calls") or [], out)
+
+    def _text(self, offset: int, text: str, out: list[dict[str, Any]]) -> None:
         if offset + len(text) <= self.sent:
-            return  # already sent (an output batch written twice)
+            return  # already sent (an output batch written twice), or none
         delta = text[max(self.sent - offset, 0) :]
         self.sent += len(delta)
         out.append(self._chunk({"content": delta}))
+
+    def _calls(self, calls: list[dict[str, str]], out: list[dict[str, Any]]) -> None:
+        """The attempt's tool calls as they stand (each whole, its arguments so far): a new
+        call's first chunk, then each call's new arguments."""
+        for index, call in enumerate(calls):
+            arguments = call["arguments"]
+            if index == len(self.calls_sent):
+                self.calls_sent.append(len(arguments))
+                function = {"name": call["name"], "arguments": arguments}
+                first = {"index": index, "id": call["id"], "type": "function"}
+                out.append(self._chunk({"tool_calls": [{**first, "function": function}]}))
+            elif len(arguments) > self.calls_sent[index]:
+                delta = arguments[self.calls_sent[index] :]
+                self.calls_sent[index] = len(arguments)
+                piece = {"index": index, "function": {"arguments": delta}}
+                out.append(self._chunk({"tool_calls": [piece]}))
 
     async def _end(self, row: JobRow, out: list[dict[str, Any]]) -> None:
         if row.state == JobState.SUPERSEDED:
@@ -100,12 +121,10 @@ class ChatChunks:
             self._error(out, code, f"{kind}: {row.error_message or 'the job ' + row.state}")
             return
         job, answer = await self.answer(row)
-        if len(answer.text) > self.sent:
-            # What the output events did not bring (an answer that streamed nothing).
-            out.append(self._chunk({"content": answer.text[self.sent :]}))
-        for index, call in enumerate(tool_calls_out(answer.tool_calls) or ()):
-            sent = {"index": index, **call.model_dump(mode="json")}
-            out.append(self._chunk({"tool_calls": [sent]}))
+        # What the output events did not bring (an answer that streamed nothing, or the
+        # rest of its last batch).
+        self._text(0, answer.text, out)
+        self._calls(answer.tool_calls or [], out)
         out.append(self._chunk({}, finish_reason_of(answer)))
         if self.include_usage:
             out.append({**self._chunk({}), "choices": [], "usage": usage_of(job)})

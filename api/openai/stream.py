@@ -7,8 +7,11 @@ a client resumes with `starting_after=N` after a dropped connection or a restart
 A new attempt (or a retried job) does not continue the text of one that was cut: the cut
 attempt's message item is closed (`response.output_text.done`, `response.content_part.done`,
 `response.output_item.done` with `status: "incomplete"`) and the new attempt's text comes in
-a new message item, at the next `output_index`. The final response's `output` holds only the
-answer's item; a client that concatenates every delta would glue attempts together, so join
+a new message item, at the next `output_index`. Tool calls stream as they come: each one's
+`function_call` item opens with its name (the attempt's text item, if any, closes first), its
+arguments follow as `response.function_call_arguments.delta`s, and the items close at the
+job's end (a cut attempt's as `incomplete`). The final response's `output` holds only the
+answer's items; a client that concatenates every delta would glue attempts together, so join
 by `output_index` (as the SDK's own stream helper does) or read `response.completed`."""
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.openai.responses import message_id
+from api.openai.responses import function_call_item, message_id
 from projections.domain.lifecycle import EventType, JobState
 from projections.models import JobEvent, Prompt
 from projections.rows import JobRow
@@ -37,6 +40,15 @@ class _Item:
     length: int = 0
 
 
+@dataclass
+class _Call:
+    """One function_call item: a tool call of one attempt, as far as its arguments were sent."""
+
+    index: int
+    item: dict[str, Any]
+    sent: int = 0
+
+
 class ResponseEvents:
     """Feed it the prompt's events in log order; it answers OpenAI's events for each."""
 
@@ -46,6 +58,9 @@ class ResponseEvents:
         self.sequence = -1
         self.items = 0
         self.item: _Item | None = None
+        # The open function_call items of one attempt ((job_id, attempt)), by call index.
+        self.calls_key: tuple[str, int] | None = None
+        self.calls: dict[int, _Call] = {}
         self.started = False
         self.running = False
         self.over = False
@@ -58,6 +73,7 @@ class ResponseEvents:
             self._output(event.data, out)
         elif event.type == EventType.OUTPUT_RESET:
             self._close(out, status="incomplete")
+            self._close_calls(out, status="incomplete")
         elif event.type in (EventType.STATE_CHANGED, EventType.DONE):
             row = JobRow.model_validate(event.data)
             await self._state(row, event.type == EventType.DONE, out)
@@ -88,12 +104,14 @@ class ResponseEvents:
         succeeded = row.state == JobState.SUCCEEDED
         response = await self.snapshot(row, True)
         calls = [item for item in response["output"] if item["type"] == "function_call"]
-        if succeeded and self.item is None and not calls:
+        if succeeded and self.item is None and not calls and not self.calls:
             # An answer that streamed nothing (an empty text) still has its item.
             self._open(row.job_id, row.attempt, out)
         self._close(out, status="completed" if response["status"] == "completed" else "incomplete")
-        for call in calls:
-            self._call(call, out)
+        if calls:
+            # The answer's calls whole: what did not stream yet follows, then each one's end.
+            self._grow_calls((row.job_id, row.attempt), calls, out)
+        self._close_calls(out, status="completed" if succeeded else "incomplete")
         kind = {
             "completed": "response.completed",
             "incomplete": "response.incomplete",
@@ -103,12 +121,23 @@ class ResponseEvents:
 
     def _output(self, data: dict[str, Any], out: list[dict[str, Any]]) -> None:
         key = (str(data["job_id"]), int(data["attempt"]))
+        if data.get("text"):
+            self._text(key, int(data["offset"]), str(data["text"]), out)
+        if data.get("tool_calls"):
+            calls = [
+                function_call_item(key[0], key[1], i, call)
+                for i, call in enumerate(data["tool_calls"])
+            ]
+            self._grow_calls(key, calls, out)
+
+    def _text(self, key: tuple[str, int], offset: int, text: str, out: list[Any]) -> None:
+        if self.calls_key is not None and self.calls_key != key:
+            self._close_calls(out, status="incomplete")
         if self.item is None or self.item.key != key:
             self._close(out, status="incomplete")
             self._open(*key, out)
         item = self.item
         assert item is not None
-        offset, text = int(data["offset"]), str(data["text"])
         if offset + len(text) <= item.length:
             return  # already sent (an output batch written twice)
         delta = text[max(item.length - offset, 0) :]
@@ -124,21 +153,45 @@ class ResponseEvents:
             logprobs=[],
         )
 
-    def _call(self, call: dict[str, Any], out: list[dict[str, Any]]) -> None:
-        """A tool call of the answer: its item, its arguments (whole), and its end."""
-        index, self.items = self.items, self.items + 1
-        self._emit(
-            out,
-            "response.output_item.added",
-            output_index=index,
-            item={**call, "arguments": "", "status": "in_progress"},
-        )
-        where = {"item_id": call["id"], "output_index": index}
-        self._emit(out, "response.function_call_arguments.delta", **where, delta=call["arguments"])
-        self._emit(
-            out, "response.function_call_arguments.done", **where, arguments=call["arguments"]
-        )
-        self._emit(out, "response.output_item.done", output_index=index, item=call)
+    def _grow_calls(
+        self, key: tuple[str, int], items: list[dict[str, Any]], out: list[dict[str, Any]]
+    ) -> None:
+        """The attempt's function_call items as they stand (each whole, its arguments so far):
+        an item not opened yet opens, and the arguments' new text goes out as a delta."""
+        if self.calls_key != key:
+            self._close_calls(out, status="incomplete")
+            self.calls_key = key
+        if self.item is not None:
+            # The model has moved on from its text to its calls: the text is whole.
+            self._close(out, status="completed" if self.item.key == key else "incomplete")
+        for i, item in enumerate(items):
+            call = self.calls.get(i)
+            if call is None:
+                call = self.calls[i] = _Call(self.items, item)
+                self.items += 1
+                self._emit(
+                    out,
+                    "response.output_item.added",
+                    output_index=call.index,
+                    item={**item, "arguments": "", "status": "in_progress"},
+                )
+            call.item = item
+            arguments = item["arguments"]
+            if len(arguments) > call.sent:
+                where = {"item_id": item["id"], "output_index": call.index}
+                delta = arguments[call.sent :]
+                self._emit(out, "response.function_call_arguments.delta", **where, delta=delta)
+                call.sent = len(arguments)
+
+    def _close_calls(self, out: list[dict[str, Any]], *, status: str) -> None:
+        """The open function_call items end: their arguments whole, then the items."""
+        calls, self.calls, self.calls_key = self.calls, {}, None
+        for call in calls.values():
+            arguments = call.item["arguments"]
+            where = {"item_id": call.item["id"], "output_index": call.index}
+            self._emit(out, "response.function_call_arguments.done", **where, arguments=arguments)
+            item = {**call.item, "status": status}
+            self._emit(out, "response.output_item.done", output_index=call.index, item=item)
 
     def _open(self, job_id: str, attempt: int, out: list[dict[str, Any]]) -> None:
         item_id = message_id(job_id, attempt)

@@ -58,16 +58,18 @@ async def read_output(
         Query(ge=0, le=2**31, description="Characters of the attempt's text you already have"),
     ] = 0,
 ) -> OutputOut:
-    """The text the job's current attempt has streamed so far, from `since` on: the polling
-    fallback of the `job.output` events. If `attempt` is not the one your text is of, a new
-    attempt started over: drop your text and use this one from offset 0. `done` is true once
-    nothing more will come; a succeeded job's whole output is its response's text."""
+    """The text the job's current attempt has streamed so far, from `since` on, and its tool
+    calls so far (whole): the polling fallback of the `job.output` events. If `attempt` is
+    not the one your text is of, a new attempt started over: drop your text and use this one
+    from offset 0. `done` is true once nothing more will come; a succeeded job's whole output
+    is its response's text and tool calls."""
     found = await ctx.store.output(caller, job_id, since)
     return OutputOut(
         job_id=found.job.job_id,
         attempt=found.attempt,
         offset=found.offset,
         text=found.text,
+        tool_calls=found.tool_calls,
         done=found.done,
     )
 

@@ -46,6 +46,7 @@ async def test_submitted_prompt_goes_queued_running_succeeded(stack: Stack) -> N
         "attempt": 1,
         "offset": 0,
         "text": answer["text"],
+        "tool_calls": None,
         "done": True,
     }
 

@@ -76,16 +76,23 @@ async def test_a_streamed_call_sends_text_then_usage_then_done(
     assert len({c.id for c in chunks}) == 1
 
 
-async def test_a_streamed_tool_call_arrives_whole(provider_stack: Stack) -> None:
+@pytest.mark.parametrize("model", ["anthropic/claude-test", "openai/gpt-test"])
+async def test_a_streamed_tool_call_arrives_in_pieces(provider_stack: Stack, model: str) -> None:
     stream = await sdk(provider_stack).chat.completions.create(
-        model="anthropic/claude-test",
-        messages=[{"role": "user", "content": f"weather? {uuid.uuid4().hex}"}],
+        model=model,
+        messages=[{"role": "user", "content": f"weather? {uuid.uuid4().hex} mock:chunk_ms=50"}],
         tools=[WEATHER],
         stream=True,
     )
     chunks = [chunk async for chunk in stream]
-    calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or []]
-    assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]  # type: ignore[union-attr]
+    pieces = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    # The first piece names the call; its arguments follow as they stream, joined by index.
+    first, *rest = pieces
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")  # type: ignore[union-attr]
+    assert first.id and all(p.id is None and p.index == 0 for p in rest)
+    assert len(pieces) > 2
+    arguments = "".join(p.function.arguments or "" for p in pieces)  # type: ignore[union-attr]
+    assert json.loads(arguments) == {"city": "mock"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -181,7 +188,7 @@ async def test_a_responses_agent_loop_continues_from_the_previous_response(
 async def test_a_streamed_response_sends_its_function_call_events(provider_stack: Stack) -> None:
     stream = await sdk(provider_stack).responses.create(
         model="openai/gpt-test",
-        input=f"weather? {uuid.uuid4().hex}",
+        input=f"weather? {uuid.uuid4().hex} mock:chunk_ms=50",
         tools=[RESPONSES_TOOL],
         stream=True,
     )
@@ -190,6 +197,9 @@ async def test_a_streamed_response_sends_its_function_call_events(provider_stack
     assert "response.function_call_arguments.done" in kinds
     done = next(e for e in events if e.type == "response.function_call_arguments.done")
     assert json.loads(done.arguments) == {"city": "mock"}  # type: ignore[union-attr]
+    # The arguments came as they streamed, in pieces that join to the whole.
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]  # type: ignore[union-attr]
+    assert len(deltas) > 1 and "".join(deltas) == done.arguments  # type: ignore[union-attr]
     assert kinds[-1] == "response.completed"
     final = events[-1].response  # type: ignore[union-attr]
     assert [item.type for item in final.output] == ["function_call"]

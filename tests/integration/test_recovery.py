@@ -93,9 +93,10 @@ async def test_submission_while_temporal_is_down_runs_once_it_is_back(tmp_path: 
 async def test_a_worker_killed_while_a_tool_call_streams_leaves_one_whole_call(
     dev_server: WorkflowEnvironment, mock_provider: MockProviderServer, tmp_path: Path
 ) -> None:
-    """The mock streams a tool call's arguments slowly; the worker is SIGKILLed mid-call. The
-    next attempt's call is the answer, once: in the response, and in the response's event
-    stream replayed from the start and resumed."""
+    """The mock streams a tool call's arguments slowly; they are in the job's output as they
+    come; the worker is SIGKILLed mid-call. The next attempt's call is the answer, once: in
+    the response, and in the response's event stream replayed from the start and resumed
+    (the cut attempt's half a call closed as incomplete)."""
     settings = provider_settings(
         tmp_path,
         mock_provider,
@@ -121,11 +122,18 @@ async def test_a_worker_killed_while_a_tool_call_streams_leaves_one_whole_call(
             created = await client.responses.create(
                 model="anthropic/claude-test", input=question, tools=[tool], background=True
             )
-            await eventually(
-                lambda: mock_provider.requests(question),
-                lambda seen: bool(seen) and seen[0]["chunks"] >= 2,
+            job_id = created.model_extra["promptjobs"]["job_id"]  # type: ignore[index]
+            # The call streams into the job's output (the polling read of its event log).
+            half = await eventually(
+                lambda: stack.http.get(f"/v1/jobs/{job_id}/output"),
+                lambda r: (
+                    bool(r.json()["tool_calls"])
+                    and r.json()["tool_calls"][0]["function"]["arguments"] not in ("", "{}")
+                ),
                 timeout=30,
             )
+            [streaming] = half.json()["tool_calls"]
+            assert streaming["function"]["name"] == "get_weather"
             first.kill()  # SIGKILL, with the call's arguments half sent
         with promptjobs_process("worker", process_env(settings, **mock), procs):
             done = await eventually(
@@ -134,6 +142,8 @@ async def test_a_worker_killed_while_a_tool_call_streams_leaves_one_whole_call(
                 timeout=60,
             )
         [call] = [item for item in done.output if item.type == "function_call"]
+        # The lost attempt counts: the answer is the job's second attempt.
+        assert (await stack.job(job_id))["attempt"] == 2
         assert json.loads(call.arguments) == dict.fromkeys(properties, "mock")  # type: ignore[union-attr]
         # The provider was asked twice: the first stream cut when its worker died.
         first_call, second_call = await mock_provider.requests(question)
@@ -141,10 +151,19 @@ async def test_a_worker_killed_while_a_tool_call_streams_leaves_one_whole_call(
         assert second_call["disconnected_at"] is None
 
         replayed = [e async for e in await client.responses.retrieve(created.id, stream=True)]
-        calls = [e for e in replayed if e.type == "response.function_call_arguments.done"]
-        assert [e.arguments for e in calls] == [call.arguments]  # type: ignore[union-attr]
-        # Resumed after the call's first event: the rest of it, once.
-        added = next(e for e in replayed if e.type == "response.output_item.added")
+        ended = [
+            e.item  # type: ignore[union-attr]
+            for e in replayed
+            if e.type == "response.output_item.done" and e.item.type == "function_call"  # type: ignore[union-attr]
+        ]
+        # The first attempt's half a call, closed as cut, then the answer's call, whole.
+        assert [i.status for i in ended] == ["incomplete", "completed"]
+        assert ended[-1].arguments == call.arguments and ended[-1].id == call.id
+        assert call.arguments.startswith(ended[0].arguments.removesuffix("{}"))
+        deltas = [e for e in replayed if e.type == "response.function_call_arguments.delta"]
+        assert len(deltas) > 2  # the arguments came in pieces, as they streamed
+        # Resumed after the answer's call opened: the rest of it, once.
+        added = [e for e in replayed if e.type == "response.output_item.added"][-1]
         resumed = [
             e
             async for e in await client.responses.retrieve(
@@ -153,3 +172,5 @@ async def test_a_worker_killed_while_a_tool_call_streams_leaves_one_whole_call(
         ]
         assert [e.type for e in resumed].count("response.function_call_arguments.done") == 1
         assert resumed[0].sequence_number == added.sequence_number + 1
+        pieces = [e.delta for e in resumed if e.type == "response.function_call_arguments.delta"]  # type: ignore[union-attr]
+        assert "".join(pieces) == call.arguments

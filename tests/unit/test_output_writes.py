@@ -95,6 +95,45 @@ async def test_a_new_attempt_resets_the_text_and_a_stale_one_is_refused(
     ]
 
 
+def call(arguments: str, call_id: str = "call_1") -> dict[str, str]:
+    return {"id": call_id, "name": "weather", "arguments": arguments}
+
+
+async def test_tool_calls_stream_as_whole_snapshots_that_only_grow(
+    projection: Projection,
+) -> None:
+    job_id = await running_job(projection)
+    append = projection.projector.append_outputs
+    [text] = await append([OutputBatch(job_id, 1, 0, "Let me look.")])
+    # The calls begin with no new text; a later snapshot lengthens the arguments.
+    [begun] = await append([OutputBatch(job_id, 1, 12, "", [call('{"ci')])])
+    [grown] = await append([OutputBatch(job_id, 1, 12, "", [call('{"city": "Oslo"}')])])
+    # A batch written late (its commit went unacknowledged) takes nothing back.
+    [late] = await append([OutputBatch(job_id, 1, 12, "", [call('{"ci')])])
+    # Text that goes on keeps the calls stored.
+    [more] = await append([OutputBatch(job_id, 1, 12, " Done.")])
+    assert [w.applied for w in (text, begun, grown, late, more)] == [True, True, True, False, True]
+    output = await projection.store.output(ALICE, job_id, 0)
+    assert (output.text, output.tool_calls) == ("Let me look. Done.", [call('{"city": "Oslo"}')])
+    logged = await projection.store.job_events(ALICE, job_id, kinds=(EventType.OUTPUT,))
+    assert [e.data.get("tool_calls") for e in logged] == [
+        None,
+        [call('{"ci')],
+        [call('{"city": "Oslo"}')],
+        None,
+    ]
+
+    # A new attempt starts over: the reset clears the calls too.
+    await projection.projector.apply(Transition(job_id, JobState.QUEUED, 1, next_attempt_at=NOW))
+    await projection.projector.start_attempt(job_id, 2, "w2")
+    output = await projection.store.output(ALICE, job_id, 0)
+    assert (output.attempt, output.text, output.tool_calls) == (2, "", None)
+    [first] = await append([OutputBatch(job_id, 2, 0, "", [call("", "call_9")])])
+    assert first.applied
+    output = await projection.store.output(ALICE, job_id, 0)
+    assert output.tool_calls == [call("", "call_9")]
+
+
 async def test_usage_is_recorded_once_and_an_unknown_cost_stays_unknown(
     projection: Projection,
 ) -> None:

@@ -669,8 +669,10 @@ class Job:
     def stream(self, *, until: float | None = None) -> Iterator[OutputChunk | OutputReset]:
         """The job's text as it is produced, from its start, until the job is over (its
         `job.done`: a cancelled call's last words come after the cancel): each `OutputChunk`
-        goes on from where the last ended (`offset`); an `OutputReset` means a new attempt
-        starts over, so drop what you have. Over SSE, resumed across drops."""
+        goes on from where the last ended (`offset`), and carries the tool calls so far
+        whenever they grew (`tool_calls`, each whole: keep the latest); an `OutputReset`
+        means a new attempt starts over, so drop what you have. Over SSE, resumed across
+        drops."""
         for sse in self.client.messages("0", job_id=self.id, until=until):
             piece = output_piece(sse)
             if piece is not None:

@@ -169,7 +169,8 @@ class ResponseOut(BaseModel):
 
 
 class OutputChunk(BaseModel):
-    """A piece of a job's streamed text (a `job.output` event)."""
+    """A piece of a job's streamed output (a `job.output` event): text from `offset` on,
+    and, when they grew, the attempt's tool calls so far, each whole (arguments so far)."""
 
     model_config = ANSWER
 
@@ -177,6 +178,7 @@ class OutputChunk(BaseModel):
     attempt: int
     offset: int
     text: str
+    tool_calls: list[ToolCall] | None = None
 
 
 class OutputReset(BaseModel):
