@@ -30,8 +30,15 @@ from activities.adapters.base import (
     InvalidOptions,
     StreamedOutput,
 )
-from activities.adapters.conversation import MESSAGES, Message, images_of, with_user_text
+from activities.adapters.conversation import (
+    MESSAGES,
+    Message,
+    images_of,
+    one_message,
+    with_user_text,
+)
 from activities.adapters.options import options_of
+from activities.adapters.structured import check_answer, repair_turn
 from activities.budgets import WorkerBudgets, estimate_tokens, input_estimate
 from activities.contracts import (
     ATTEMPT_REPORTED,
@@ -115,6 +122,12 @@ async def adapter_request(
 
         text = answered(text)
         messages = with_user_text(messages, answered)
+    if options.output_schema is not None and attempt > 1:
+        missed = await store.last_miss(job.job_id, attempt)
+        if missed is not None:
+            # The answer that missed the schema and why, so the model can mend it.
+            turn = repair_turn(str(missed.get("answer", "")), list(missed.get("errors", [])))
+            messages = [*(messages or one_message(text)), *MESSAGES.validate_python(turn)]
     return AdapterRequest(
         job_id=job.job_id,
         prompt_id=prompt.prompt_id,
@@ -124,6 +137,26 @@ async def adapter_request(
         unrunnable=unrunnable,
         messages=messages,
     )
+
+
+def checked(
+    request: AdapterRequest, result: AttemptResult, output: StreamedOutput
+) -> AttemptResult:
+    """The result with its JSON, for a job with an output schema (an answer of tool calls is
+    not checked: the model asked for tools first); a miss is a `schema_mismatch` failure
+    that keeps the answer and the errors for the next attempt's repair turn."""
+    wanted = request.options.output_schema
+    if wanted is None or result.tool_calls:
+        return result
+    text = output.text if output.length else result.text
+    value, miss = check_answer(wanted, text, result.finish_reason)
+    metrics.SCHEMA_CHECKS.labels(
+        provider=result.provider, model=result.model[:64], outcome="miss" if miss else "match"
+    ).inc()
+    if miss is not None:
+        detail = {"answer": text, "errors": miss.errors}
+        raise AdapterError(ErrorKind.SCHEMA_MISMATCH, miss.message, detail=detail)
+    return replace(result, output_json=value)
 
 
 @dataclass(frozen=True)
@@ -281,7 +314,7 @@ class Attempt:
                 # No more flushes of it; what it has not written goes with the attempt's end.
                 await self.tools.streams.close(stream)
         except AdapterError as err:
-            usage = meter.usage(err.kind.value)
+            usage = replace(meter.usage(err.kind.value), detail=err.detail)
             if err.kind is ErrorKind.RATE_LIMIT and self.call.budget:
                 raise await self._paused(err, request, stream, usage) from err
             await self._ended(usage, stream)
@@ -423,7 +456,7 @@ class Attempt:
             outcome = "ok"
             try:
                 adapter = adapters.check(request)
-                return await adapter.complete(request, output)
+                return checked(request, await adapter.complete(request, output), output)
             except AdapterError as err:
                 outcome = err.kind.value
                 raise

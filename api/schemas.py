@@ -277,6 +277,28 @@ class AttemptOut(BaseModel):
         description="How the call was made where it was not one direct call: the provider "
         "batch it ran in, or why a deferrable job ran directly",
     )
+    errors: list[SchemaErrorOut] | None = Field(
+        default=None,
+        description="A `schema_mismatch` attempt's validation errors (its answer went back "
+        "to the model with them, as the next attempt's repair turn)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _errors_of_detail(cls, value: Any) -> Any:
+        # The record keeps a miss's answer and errors together (AttemptRecord.detail).
+        detail = getattr(value, "detail", None)
+        if isinstance(detail, dict) and "errors" in detail:
+            return {
+                **{name: getattr(value, name) for name in cls.model_fields if hasattr(value, name)},
+                "errors": detail["errors"],
+            }
+        return value
+
+
+class SchemaErrorOut(BaseModel):
+    path: str = Field(description="Where in the answer, as a JSON pointer (`/` the whole)")
+    message: str
 
 
 class AttemptList(BaseModel):
@@ -368,6 +390,11 @@ class ResponseOut(BaseModel):
     tool_calls: list[ToolCall] | None = Field(
         description="The calls the model asks for (null: none), as an assistant message carries "
         "them: run them, then send their results as `tool` messages in the next job"
+    )
+    output_json: Any = Field(
+        default=None,
+        description="The answer parsed as JSON, validated against the job's "
+        "`options.output_schema` (null: the job has none, or answered with tool calls)",
     )
     provider: str
     model: str

@@ -52,6 +52,12 @@ ADAPTER_LATENCY = Histogram(
     ["provider", "outcome"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
+SCHEMA_CHECKS = Counter(
+    "promptjobs_schema_checks",
+    "Answers checked against their job's output schema, by provider, model and outcome "
+    "(match, or miss: a schema_mismatch attempt)",
+    ["provider", "model", "outcome"],
+)
 JOBS = Gauge(
     "promptjobs_jobs",
     "Jobs queued or running now, read from the projection when /metrics is scraped "

@@ -249,6 +249,9 @@ class Response(Base):
     text: Mapped[str] = mapped_column(Text)
     # The calls the model asked for ({id, name, arguments}), if it asked for any.
     tool_calls: Mapped[list[dict[str, str]] | None] = mapped_column(JSON(none_as_null=True))
+    # The answer's JSON, parsed and validated against the job's output_schema (null: the job
+    # had none, or answered with tool calls).
+    output_json: Mapped[Any] = mapped_column(JSON(none_as_null=True), nullable=True)
     provider: Mapped[str] = mapped_column(String(32))
     model: Mapped[str] = mapped_column(String(128))
     provider_request_id: Mapped[str | None] = mapped_column(String(255))
@@ -313,6 +316,9 @@ class AttemptRecord(Base):
     # How the call was made, where it was not one direct call: "provider batch …", or why
     # a deferrable job ran directly (issue 33).
     via: Mapped[str | None] = mapped_column(String(255))
+    # What a schema_mismatch attempt answered and why it missed ({"answer", "errors": [{path,
+    # message}]}): the next attempt's repair turn, and the attempts endpoint's word.
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class WorkerProcess(Base):

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute, aliased, defer
 from sqlalchemy.orm.attributes import set_committed_value
 
-from projections.domain.lifecycle import EventType, JobState
+from projections.domain.lifecycle import ErrorKind, EventType, JobState
 from projections.event_log import utcnow
 from projections.models import (
     AttemptRecord,
@@ -126,6 +126,22 @@ class JobReads:
             return Output(job, job.attempt, 0, "", done)
         offset = min(max(since, 0), stored.length)
         return Output(job, stored.attempt, offset, stored.text[offset:], done, stored.tool_calls)
+
+    async def last_miss(self, job_id: str, before: int) -> dict[str, Any] | None:
+        """What the job's latest attempt before `before` that missed its output schema
+        answered and why (AttemptRecord.detail), if one did: the next repair turn."""
+        async with self.sessions() as session:
+            stmt = (
+                select(AttemptRecord.detail)
+                .where(
+                    AttemptRecord.job_id == job_id,
+                    AttemptRecord.attempt < before,
+                    AttemptRecord.outcome == ErrorKind.SCHEMA_MISMATCH.value,
+                )
+                .order_by(AttemptRecord.attempt.desc())
+                .limit(1)
+            )
+            return (await session.execute(stmt)).scalar_one_or_none()
 
     async def attempts(self, scope: Scope, job_id: str) -> tuple[Job, list[AttemptRecord]]:
         """The job and each of its attempts that recorded what it consumed, oldest first."""

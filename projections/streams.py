@@ -76,6 +76,8 @@ class AttemptUsage:
     ended_at: datetime
     # How the call was made where it was not one direct call (models.AttemptRecord.via).
     via: str | None = None
+    # A schema miss's answer and errors (models.AttemptRecord.detail).
+    detail: dict[str, Any] | None = None
 
 
 def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> list[OutputWritten]:

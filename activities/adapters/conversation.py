@@ -345,31 +345,42 @@ def last_user_text(messages: Sequence[Message]) -> str:
 def sample_arguments(schema: dict[str, Any] | None) -> dict[str, Any]:
     """Arguments that fit a function's parameters as far as their types go (a scripted
     provider's call): each required property (all, if none is required) a value of its type."""
-    properties = (schema or {}).get("properties")
-    if not isinstance(properties, dict):
-        return {}
-    required = (schema or {}).get("required")
-    names = required if isinstance(required, list) and required else list(properties)
-    samples: dict[str, Any] = {
-        "string": "mock",
-        "integer": 1,
-        "number": 1.5,
-        "boolean": True,
-        "array": [],
-        "object": {},
-        "null": None,
-    }
-    arguments: dict[str, Any] = {}
-    for name in names:
-        spec = properties.get(name)
-        spec = spec if isinstance(spec, dict) else {}
-        if isinstance(spec.get("enum"), list) and spec["enum"]:
-            arguments[name] = spec["enum"][0]
-            continue
-        kind = spec.get("type", "string")
-        kind = kind[0] if isinstance(kind, list) and kind else kind
-        arguments[name] = samples.get(kind if isinstance(kind, str) else "string", "mock")
-    return arguments
+    value = sample_value(schema or {"type": "object"})
+    return value if isinstance(value, dict) else {}
+
+
+SAMPLES: dict[str, Any] = {
+    "string": "mock",
+    "integer": 1,
+    "number": 1.5,
+    "boolean": True,
+    "null": None,
+}
+
+
+def sample_value(schema: Any, depth: int = 0) -> Any:
+    """A value that fits a schema as far as its types, enums, objects' properties and arrays'
+    minimum lengths go (a scripted provider's answer): an object has each required property
+    (all, if none is required); an array as many items as it must."""
+    spec = schema if isinstance(schema, dict) else {}
+    if isinstance(spec.get("enum"), list) and spec["enum"]:
+        return spec["enum"][0]
+    if "const" in spec:
+        return spec["const"]
+    kind = spec.get("type", "object" if "properties" in spec else "string")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object":
+        properties = spec.get("properties")
+        if not isinstance(properties, dict) or depth > 16:
+            return {}
+        required = spec.get("required")
+        names = required if isinstance(required, list) and required else list(properties)
+        return {name: sample_value(properties.get(name), depth + 1) for name in names}
+    if kind == "array":
+        count = spec.get("minItems", 0)
+        count = count if isinstance(count, int) and 0 <= count <= 16 and depth <= 16 else 0
+        return [sample_value(spec.get("items"), depth + 1) for _ in range(count)]
+    return SAMPLES.get(kind if isinstance(kind, str) else "string", "mock")
 
 
 MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(Messages)

@@ -1,5 +1,6 @@
 """The `fake` provider: deterministic output from the prompt (a conversation's last message),
-latency and failures on request, and a tool call where tools are offered."""
+latency and failures on request, a tool call where tools are offered, JSON that fits the
+job's output schema where it has one, and scripted answers on request."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import json
 import re
 
 from activities.adapters.base import AdapterRequest, InvalidOptions, StreamedOutput
-from activities.adapters.conversation import ToolChoiceFunction, sample_arguments, text_of
+from activities.adapters.conversation import (
+    ToolChoiceFunction,
+    sample_arguments,
+    sample_value,
+    text_of,
+)
 from activities.adapters.options import FakeOptions, PromptOptions
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
@@ -82,7 +88,7 @@ class FakeAdapter:
         # The answer to the conversation's last message (a prompt's text; a tool's result).
         last = text_of(request.conversation[-1].content)
         calls = scripted_calls(request)
-        text = "" if calls else fake_output(last)
+        text = "" if calls else self._answer(request, behaviour, last)
         chunks = fake_chunks(text)
         pause_s = behaviour.latency_ms / 1000 / len(chunks)
         failing = (
@@ -129,3 +135,15 @@ class FakeAdapter:
             latency_ms=behaviour.latency_ms,
             usage_estimated=True,
         )
+
+    @staticmethod
+    def _answer(request: AdapterRequest, behaviour: FakeOptions, last: str) -> str:
+        """The text of a successful call: the next scripted answer, else JSON fitting the
+        job's output schema where it has one, else the usual echo of `last`."""
+        succeeded_before = request.attempt - 1 - len(behaviour.fail[: request.attempt - 1])
+        if succeeded_before < len(behaviour.answers):
+            return behaviour.answers[succeeded_before]
+        wanted = request.options.output_schema
+        if wanted is not None:
+            return json.dumps(sample_value(wanted.json_schema))
+        return fake_output(last)

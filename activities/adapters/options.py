@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, Strict, ValidationError, model_validator
 
 from activities.adapters.conversation import MAX_TOOLS, Tool, ToolChoice, check_tools
 from activities.adapters.json_types import JSON_INTEGER, NO_NUL, STRICT_BODY
+from activities.adapters.structured import OutputSchema
 from projections.domain.lifecycle import ErrorKind
 from projections.models import Job, Prompt, job_options
 
@@ -16,7 +17,8 @@ StopText = Annotated[str, Field(min_length=1, max_length=1_000, pattern=NO_NUL)]
 
 
 class FakeOptions(BaseModel):
-    """`options.fake`: attempt i fails with `fail[i-1]` while i <= len(fail), then succeeds."""
+    """`options.fake`: attempt i fails with `fail[i-1]` while i <= len(fail), then succeeds;
+    the answer of the j-th attempt that succeeds is `answers[j-1]` while j <= len(answers)."""
 
     model_config = STRICT_BODY
 
@@ -25,6 +27,12 @@ class FakeOptions(BaseModel):
         default_factory=list, max_length=20, description="Error kinds of the first attempts"
     )
     retry_after_s: float | None = Field(default=None, ge=0, le=86_400)
+    answers: list[Annotated[str, Field(max_length=100_000)]] = Field(
+        default_factory=list,
+        max_length=20,
+        description="Scripted answers of the first successful calls (e.g. JSON that does or "
+        "does not match the output schema); then the usual answer",
+    )
 
 
 class PromptOptions(BaseModel):
@@ -53,6 +61,11 @@ class PromptOptions(BaseModel):
     )
     parallel_tool_calls: bool | None = Field(
         default=None, description="Whether the model may ask for several calls at once"
+    )
+    output_schema: OutputSchema | None = Field(
+        default=None,
+        description="The answer must be JSON matching this schema: validated on every "
+        "answer; a miss (`schema_mismatch`) runs again with a repair turn",
     )
     fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
     deferrable: bool | None = Field(

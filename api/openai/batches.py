@@ -178,6 +178,7 @@ def output_line(batch: Batch, outcome: Outcome) -> dict[str, Any]:
 STATUS_OF_KIND: dict[ErrorKind, int] = {
     ErrorKind.PROVIDER_4XX: 400,
     ErrorKind.PARSE: 502,
+    ErrorKind.SCHEMA_MISMATCH: 502,
     ErrorKind.AUTH: 401,
     ErrorKind.RATE_LIMIT: 429,
     ErrorKind.TIMEOUT: 504,

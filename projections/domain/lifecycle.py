@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 # -- states --------------------------------------------------------------------------------
 
@@ -56,6 +57,9 @@ class ErrorKind(StrEnum):
     AUTH = "auth"
     WORKER_CRASH = "worker_crash"
     STUCK = "stuck"
+    # The answer does not match the job's JSON schema (options.output_schema): the next
+    # attempt is sent a repair turn (activities/adapters/structured.py).
+    SCHEMA_MISMATCH = "schema_mismatch"
     UNKNOWN = "unknown"
 
     @property
@@ -69,6 +73,7 @@ RETRYABLE = frozenset(
         ErrorKind.RATE_LIMIT,
         ErrorKind.PROVIDER_5XX,
         ErrorKind.WORKER_CRASH,
+        ErrorKind.SCHEMA_MISMATCH,
         ErrorKind.UNKNOWN,
     }
 )
@@ -196,8 +201,8 @@ class BackoffPolicy:
         unit_random: float,
     ) -> float:
         """The wait after attempt `failed_attempt` (1-based) failed; `unit_random` is in [0, 1)."""
-        if kind is ErrorKind.WORKER_CRASH:
-            return self.minimum_s
+        if kind in (ErrorKind.WORKER_CRASH, ErrorKind.SCHEMA_MISMATCH):
+            return self.minimum_s  # at once: nothing to wait out
         if kind is ErrorKind.RATE_LIMIT:
             # The provider's word wins, however short; we add no jitter to an explicit date.
             if retry_after_s is not None:
@@ -301,6 +306,9 @@ class AttemptResult:
     # The calls the model asked for, in order: each {"id", "name", "arguments"} (the arguments
     # as JSON text, as the model wrote them); None: none. Plain JSON, as histories hold it.
     tool_calls: list[dict[str, str]] | None = None
+    # The answer's JSON, validated against the job's output_schema; None: no schema (or an
+    # answer of tool calls).
+    output_json: Any = None
 
 
 # Why a model stopped: its answer was whole; it reached max_tokens; it asked for tools; a

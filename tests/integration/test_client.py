@@ -10,11 +10,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import pytest
 import uvicorn
 from promptjobs_client import JobState
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -73,6 +75,34 @@ async def test_the_client_sends_a_conversation_and_reads_its_tool_calls(stack: S
             assert client.prompt(final.prompt_id).messages == messages
             with pytest.raises(ValueError, match="not both"):
                 client.submit("x", messages=messages)
+
+    await asyncio.to_thread(scenario)
+
+
+class Ticket(BaseModel):
+    category: Literal["billing", "bug"]
+    urgent: bool
+
+
+async def test_the_client_asks_for_a_shape_and_parses_the_answer_into_it(stack: Stack) -> None:
+    def scenario() -> None:
+        with PromptJobs(stack.base_url, stack.api_key) as client:
+            missed = '{"category": "refund", "urgent": false}'
+            job = client.submit(
+                "Classify: my card was charged twice",
+                output_schema=Ticket,
+                options={"fake": {"answers": [missed]}},
+            )
+            assert job.wait(timeout=30).state is JobState.SUCCEEDED
+            answer = job.response()
+            assert answer.parse(Ticket) == Ticket(category="billing", urgent=True)
+            [first, _] = job.attempts()
+            assert first.outcome == "schema_mismatch" and first.errors
+            assert first.errors[0].path == "/category"
+            plain = client.submit("no shape", options=QUICK)
+            plain.wait(timeout=30)
+            with pytest.raises(ValueError, match="no output_json"):
+                plain.response().parse(Ticket)
 
     await asyncio.to_thread(scenario)
 

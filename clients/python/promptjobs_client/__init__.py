@@ -27,6 +27,7 @@ from promptjobs_client.models import (
     ProblemDetails,
     PromptOut,
     ResponseOut,
+    SchemaError,
 )
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "PromptOut",
     "ResponseOut",
     "RetryPolicy",
+    "SchemaError",
     "StreamUnavailable",
     "WaitTimeout",
 ]

@@ -198,12 +198,22 @@ class Call:
     replayable: bool = True
 
 
+def schema_of(output: type[BaseModel] | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`options.output_schema` from a pydantic model (its name and JSON schema), or as given."""
+    if output is None:
+        return None
+    if isinstance(output, type) and issubclass(output, BaseModel):
+        return {"name": output.__name__, "schema": output.model_json_schema()}
+    return dict(output)
+
+
 def submit_call(
     prompt: str | None,
     *,
     messages: Sequence[Mapping[str, Any]] | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str | Mapping[str, Any] | None = None,
+    output_schema: type[BaseModel] | Mapping[str, Any] | None = None,
     options: Mapping[str, Any] | None,
     priority: int | None,
     max_attempts: int | None,
@@ -217,7 +227,7 @@ def submit_call(
         raise InvalidRequest(
             [("prompt", "give a prompt (one user message) or messages (a conversation), not both")]
         )
-    extra = {"tools": tools, "tool_choice": tool_choice}
+    extra = {"tools": tools, "tool_choice": tool_choice, "output_schema": schema_of(output_schema)}
     if any(value is not None for value in extra.values()):
         options = {
             **(options or {}),
@@ -467,6 +477,7 @@ class PromptJobs:
         messages: Sequence[Mapping[str, Any]] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
+        output_schema: type[BaseModel] | Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -477,13 +488,15 @@ class PromptJobs:
         after: Sequence[str] = (),
     ) -> Job:
         """Submit a prompt, or a conversation (`messages` in the Chat Completions format, and
-        the `tools` the model may call); the job is `queued`. An idempotency key is made
-        unless given."""
+        the `tools` the model may call); the job is `queued`. `output_schema` (a pydantic
+        model, or `{"name", "schema"}`) asks for an answer in that shape: read it with
+        `job.response().parse(Model)`. An idempotency key is made unless given."""
         call = submit_call(
             prompt,
             messages=messages,
             tools=tools,
             tool_choice=tool_choice,
+            output_schema=output_schema,
             options=options,
             priority=priority,
             max_attempts=max_attempts,
@@ -796,6 +809,7 @@ class AsyncPromptJobs:
         messages: Sequence[Mapping[str, Any]] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | Mapping[str, Any] | None = None,
+        output_schema: type[BaseModel] | Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
@@ -810,6 +824,7 @@ class AsyncPromptJobs:
             messages=messages,
             tools=tools,
             tool_choice=tool_choice,
+            output_schema=output_schema,
             options=options,
             priority=priority,
             max_attempts=max_attempts,

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+Parsed = TypeVar("Parsed", bound=BaseModel)
 
 # What the server answers: read as far as this client knows it.
 ANSWER = ConfigDict(extra="ignore")
@@ -157,6 +159,8 @@ class ResponseOut(BaseModel):
     text: str
     # The calls the model asks for: run them, and send their results in the next job.
     tool_calls: list[ToolCall] | None = None
+    # The answer as JSON, validated against the job's `output_schema` (None: no schema).
+    output_json: Any = None
     provider: str
     model: str
     provider_request_id: str | None = None
@@ -166,6 +170,17 @@ class ResponseOut(BaseModel):
     first_token_ms: int | None = None
     attempt: int
     created_at: datetime
+
+    def parse(self, model: type[Parsed]) -> Parsed:
+        """The answer as an instance of `model` (a pydantic model of the job's output schema,
+        e.g. the one its schema came from: `Model.model_json_schema()`). The server validated
+        the JSON against the schema; this validates it against the model. Raises
+        `ValueError` if the job had no output schema."""
+        if self.output_json is None:
+            raise ValueError(
+                f"response {self.response_id} has no output_json: its job had no schema"
+            )
+        return model.model_validate(self.output_json)
 
 
 class OutputChunk(BaseModel):
@@ -212,6 +227,17 @@ class AttemptOut(BaseModel):
     ended_at: datetime
     # The provider batch it ran in, or why a deferrable job ran directly.
     via: str | None = None
+    # A schema_mismatch attempt's validation errors (the next attempt's repair turn).
+    errors: list[SchemaError] | None = None
+
+
+class SchemaError(BaseModel):
+    """Where an answer missed its schema (`path`, a JSON pointer) and how."""
+
+    model_config = ANSWER
+
+    path: str
+    message: str
 
 
 class AttemptList(BaseModel):

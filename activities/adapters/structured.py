@@ -1,0 +1,151 @@
+"""Structured output: a job's JSON schema (`options.output_schema`), the check of an answer
+against it, and the repair turn the next attempt is sent after a miss.
+
+Every answer is validated here, whatever the provider claims of its own structured outputs
+(Draft 2020-12, `jsonschema`); a miss is the error kind `schema_mismatch`, retried at once
+with the invalid answer and the validation errors as a repair turn (docs/decisions.md)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic_core import PydanticCustomError
+
+from activities.adapters.conversation import FUNCTION_NAME, check_schema
+from activities.adapters.json_types import STRICT_BODY
+
+# A schema's bounds: its JSON text, and how deep its objects and arrays nest.
+MAX_SCHEMA_BYTES = 64_000
+MAX_SCHEMA_DEPTH = 32
+# The validation errors a miss reports (the first ones, in the schema's order).
+MAX_ERRORS = 10
+# A schema-less JSON answer (`json_object`): any JSON object.
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class OutputSchema(BaseModel):
+    """`options.output_schema`: the answer must be JSON matching `schema` (`json_schema`), or
+    any JSON object (`json_object`)."""
+
+    # `schema` on the wire (a pydantic model's own `schema` is taken), both ways.
+    model_config = STRICT_BODY | ConfigDict(serialize_by_alias=True)
+
+    type: Literal["json_schema", "json_object"] = Field(
+        default="json_schema", description="`json_object`: any JSON object, no schema"
+    )
+    name: StrictStr = Field(
+        default="output", pattern=FUNCTION_NAME, description="The schema's name, for the provider"
+    )
+    schema_: dict[StrictStr, Any] | None = Field(
+        default=None,
+        alias="schema",
+        description="The answer's JSON Schema (Draft 2020-12); required for `json_schema`",
+    )
+    description: StrictStr | None = Field(default=None, max_length=10_000)
+    strict: bool | None = Field(
+        default=None,
+        description="Ask the provider for its strict mode where it has one (OpenAI); the "
+        "answer is validated either way",
+    )
+
+    @model_validator(mode="after")
+    def _schema_fits(self) -> OutputSchema:
+        if self.type == "json_object":
+            if self.schema_ is not None:
+                raise PydanticCustomError(
+                    "schema_unwanted", "a `json_object` output has no schema: use `json_schema`"
+                )
+            return self
+        if self.schema_ is None:
+            raise PydanticCustomError("schema_missing", "a `json_schema` output needs `schema`")
+        size = len(json.dumps(self.schema_))
+        if size > MAX_SCHEMA_BYTES:
+            raise PydanticCustomError(
+                "schema_too_large",
+                "the schema is {size} bytes of JSON; at most {limit}",
+                {"size": size, "limit": MAX_SCHEMA_BYTES},
+            )
+        if depth(self.schema_) > MAX_SCHEMA_DEPTH:
+            raise PydanticCustomError(
+                "schema_too_deep",
+                "the schema nests deeper than {limit} levels",
+                {"limit": MAX_SCHEMA_DEPTH},
+            )
+        check_schema(self.schema_)
+        return self
+
+    @property
+    def json_schema(self) -> dict[str, Any]:
+        """The schema an answer is checked against (any object, for `json_object`)."""
+        return self.schema_ if self.schema_ is not None else ANY_OBJECT
+
+
+def depth(value: Any) -> int:
+    """How deep JSON objects and arrays nest in `value` (a scalar is 0)."""
+    if isinstance(value, dict):
+        return 1 + max((depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((depth(v) for v in value), default=0)
+    return 0
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why an answer does not match: each error's place in the answer and what is wrong."""
+
+    errors: list[dict[str, str]]
+
+    @property
+    def message(self) -> str:
+        """The job's error message: the errors, one clause each."""
+        said = "; ".join(f"at {e['path']}: {e['message']}" for e in self.errors)
+        return f"the answer does not match the output schema: {said}"
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def check_answer(
+    output: OutputSchema, text: str, finish_reason: str | None
+) -> tuple[Any, Miss | None]:
+    """The answer's JSON, and None; or whatever of it parsed, and why it misses: text that is
+    not JSON, or cut at max_tokens, or JSON the schema does not take."""
+    if finish_reason == "length":
+        where = "the answer was cut at max_tokens before it ended"
+        return None, Miss([{"path": "/", "message": where}])
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        message = f"not JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        return None, Miss([{"path": "/", "message": message}])
+    validator = _validator(json.dumps(output.json_schema, sort_keys=True))
+    found = list(validator.iter_errors(value))
+    if not found:
+        return value, None
+    errors = [
+        {
+            "path": "/" + "/".join(str(p) for p in error.absolute_path),
+            "message": error.message[:500],
+        }
+        for error in found[:MAX_ERRORS]
+    ]
+    return value, Miss(errors)
+
+
+def repair_turn(answer: str, errors: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The messages a repair attempt adds to the conversation: the invalid answer as the
+    assistant said it, then what is wrong with it."""
+    listed = "\n".join(f"- at {e['path']}: {e['message']}" for e in errors)
+    ask = (
+        "Your answer does not match the required JSON schema:\n"
+        f"{listed}\n"
+        "Answer again with only the corrected JSON, matching the schema."
+    )
+    return [{"role": "assistant", "content": answer or " "}, {"role": "user", "content": ask}]

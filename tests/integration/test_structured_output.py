@@ -1,0 +1,113 @@
+"""Structured output through the API and a worker: an answer that matches the job's JSON
+schema is part of its response; a miss runs again with a repair turn; a provider that never
+complies fails the job as `schema_mismatch` with the errors; the door refuses what is no
+schema."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conftest import Stack
+
+TICKET: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "category": {"type": "string", "enum": ["billing", "bug", "other"]},
+        "urgent": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    },
+    "required": ["category", "urgent", "tags"],
+    "additionalProperties": False,
+}
+
+
+def schema_job(*answers: str, **options: Any) -> dict[str, Any]:
+    return {
+        "prompt": "Classify: my invoice is wrong",
+        "options": {
+            "output_schema": {"name": "ticket", "schema": TICKET},
+            "fake": {"answers": list(answers)},
+            **options,
+        },
+    }
+
+
+async def test_an_answer_that_matches_is_part_of_the_response(stack: Stack) -> None:
+    accepted = await stack.http.post("/v1/prompts", json=schema_job())
+    assert accepted.status_code == 202, accepted.text
+    job = await stack.settled(accepted.json()["job_id"])
+    assert (job["state"], job["attempt"]) == ("succeeded", 1)
+    answer = (await stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert answer["output_json"] == {"category": "billing", "urgent": True, "tags": ["mock"]}
+    assert json.loads(answer["text"]) == answer["output_json"]
+
+
+async def test_a_miss_is_repaired_by_the_next_attempt(stack: Stack) -> None:
+    missing = json.dumps({"category": "billing", "urgent": True})
+    accepted = await stack.http.post("/v1/prompts", json=schema_job(missing))
+    job = await stack.settled(accepted.json()["job_id"])
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    answer = (await stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert answer["output_json"]["tags"] == ["mock"]
+    attempts = (await stack.http.get(f"/v1/jobs/{job['job_id']}/attempts")).json()["attempts"]
+    assert [a["outcome"] for a in attempts] == ["schema_mismatch", "succeeded"]
+    assert attempts[0]["errors"] == [{"path": "/", "message": "'tags' is a required property"}]
+    assert attempts[1]["errors"] is None
+    # Both attempts' usage counts on the job.
+    assert job["output_tokens"] == sum(a["output_tokens"] for a in attempts)
+
+
+async def test_a_provider_that_never_complies_fails_the_job_with_the_errors(
+    stack: Stack,
+) -> None:
+    wrong = json.dumps({"category": "refund", "urgent": "yes", "tags": []})
+    body = schema_job("not json at all", wrong, wrong)
+    accepted = await stack.http.post("/v1/prompts", json={**body, "max_attempts": 3})
+    job = await stack.settled(accepted.json()["job_id"])
+    assert (job["state"], job["error_kind"], job["attempt"]) == ("failed", "schema_mismatch", 3)
+    assert "at /category: 'refund' is not one of" in job["error_message"]
+    assert "at /urgent: 'yes' is not of type 'boolean'" in job["error_message"]
+    attempts = (await stack.http.get(f"/v1/jobs/{job['job_id']}/attempts")).json()["attempts"]
+    assert attempts[0]["errors"][0]["message"].startswith("not JSON: Expecting value")
+    scraped = (await stack.http.get("/metrics")).text
+    assert 'promptjobs_schema_checks_total{model="fake-1",outcome="miss",provider="fake"}' in (
+        scraped
+    )
+
+
+async def test_what_is_no_schema_is_a_422_that_says_what_to_fix(stack: Stack) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"name": "x", "schema": {"type": "objekt"}}, "is not JSON Schema"),
+        ({"type": "json_schema", "name": "x"}, "needs `schema`"),
+        ({"type": "json_object", "schema": TICKET}, "has no schema"),
+        ({"name": "bad name!", "schema": TICKET}, "name"),
+        ({"name": "deep", "schema": deep_schema(40)}, "nests deeper than 32"),
+    ]
+    for output_schema, said in cases:
+        response = await stack.http.post(
+            "/v1/prompts", json={"prompt": "hi", "options": {"output_schema": output_schema}}
+        )
+        assert response.status_code == 422, (output_schema, response.text)
+        assert said in response.text, response.text
+
+
+def deep_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+async def test_a_retry_may_drop_the_schema(stack: Stack) -> None:
+    accepted = await stack.http.post("/v1/prompts", json=schema_job("no", "no", "no"))
+    failed = await stack.settled(accepted.json()["job_id"])
+    assert failed["error_kind"] == "schema_mismatch"
+    retried = await stack.http.post(
+        f"/v1/jobs/{failed['job_id']}/retry",
+        json={"options": {"fake": {"answers": ["plain words"]}}},
+    )
+    assert retried.status_code == 202, retried.text
+    job = await stack.settled(retried.json()["job_id"])
+    answer = (await stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert (answer["text"], answer["output_json"]) == ("plain words", None)
