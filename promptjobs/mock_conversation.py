@@ -1,7 +1,8 @@
 """What the mock provider reads of a request's conversation, in either API's format: the text
 it answers, the tools offered and the choice among them, whether the last turn hands it tool
-results, and the images. It refuses (a 400, as the real APIs do) what they refuse: a tool
-result that answers no call, an image part of the other API's shape."""
+results, the images, and the JSON schema the answer must match. It refuses (a 400, as the
+real APIs do) what they refuse: a tool result that answers no call, an image part of the
+other API's shape."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from activities.adapters.anthropic_messages import JSON_OBJECT_ASK
 from activities.adapters.conversation import DATA_URL
 
 Api = Literal["openai", "anthropic"]
@@ -32,6 +34,9 @@ class Conversation:
     after_tool: bool = False
     # Each image as it came: "base64 image/png", "url".
     images: tuple[str, ...] = ()
+    # The schema the answer must match (OpenAI's response_format, Anthropic's
+    # output_config.format; any object for a JSON mode), if the request asks for one.
+    answer_schema: dict[str, Any] | None = None
 
     @property
     def calls_tool(self) -> MockTool | None:
@@ -88,7 +93,13 @@ def _openai(body: dict[str, Any], messages: list[dict[str, Any]]) -> Conversatio
     else:
         users = [m for m in messages if m.get("role") == "user"]
         prompt = _text(users[-1].get("content")) if users else ""
-    return Conversation(prompt, system, tools, str(choice), after_tool, tuple(images))
+    wanted = body.get("response_format")
+    schema: dict[str, Any] | None = None
+    if isinstance(wanted, dict) and wanted.get("type") == "json_schema":
+        schema = (wanted.get("json_schema") or {}).get("schema") or {}
+    elif isinstance(wanted, dict) and wanted.get("type") == "json_object":
+        schema = {"type": "object"}
+    return Conversation(prompt, system, tools, str(choice), after_tool, tuple(images), schema)
 
 
 def _openai_image(i: int, part: dict[str, Any]) -> str:
@@ -139,7 +150,13 @@ def _anthropic(body: dict[str, Any], messages: list[dict[str, Any]]) -> Conversa
     else:
         users = [m for m in messages if m.get("role") == "user"]
         prompt = _text(users[-1].get("content")) if users else ""
-    return Conversation(prompt, system, tools, picked, bool(results), tuple(images))
+    wanted = (body.get("output_config") or {}).get("format")
+    schema: dict[str, Any] | None = None
+    if isinstance(wanted, dict) and wanted.get("type") == "json_schema":
+        schema = wanted.get("schema") or {}
+    elif system is not None and JSON_OBJECT_ASK in system:
+        schema = {"type": "object"}
+    return Conversation(prompt, system, tools, picked, bool(results), tuple(images), schema)
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:

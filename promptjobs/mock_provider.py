@@ -37,7 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from activities.adapters.conversation import sample_arguments
+from activities.adapters.conversation import sample_arguments, sample_value
 from promptjobs.mock_batches import Api, BrokenLine, LineAnswer, MockBatches, add_batch_routes
 from promptjobs.mock_conversation import Conversation, fragments, image_words, read_conversation
 
@@ -83,6 +83,20 @@ class Script(BaseModel):
         description="How this request's line in a batch's results comes broken: `garbled` "
         "(cut short; its custom_id still readable), `anonymous` (cut short before its "
         "custom_id), `empty` (a success whose body has no answer), `twice` (the line twice)",
+    )
+    json_reply: Literal["valid", "invalid", "missing", "wrong"] = Field(
+        default="valid",
+        description="Where the request asks for JSON (a schema, or a JSON mode): answer JSON "
+        "that matches (`valid`), text that is no JSON (`invalid`), or JSON whose first "
+        "property is left out (`missing`) or of the wrong type (`wrong`)",
+    )
+    json_miss_rate: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="The share of prompts (picked by a digest of the prompt, so the same each "
+        "time) answered with text that is no JSON; a repair turn, whose text is not the "
+        "prompt's, is answered well",
     )
     answer_model: str | None = Field(
         default=None,
@@ -415,6 +429,8 @@ def _log_entry(
         "tools": [tool.name for tool in conversation.tools],
         "after_tool": conversation.after_tool,
         "images": list(conversation.images),
+        # The schema the answer was asked to match, if any.
+        "answer_schema": conversation.answer_schema,
         "attempt": attempt,
         "step": step,
         "stream": call.stream,
@@ -781,6 +797,13 @@ def _reply(call: ChatCall, script: Script) -> Reply:
         calls = ((f"{prefix}{uuid.uuid4().hex[:12]}", tool.name, arguments),)
         return Reply(call, [], False, request_id, model, calls)
     digest = hashlib.sha256(call.prompt.encode()).hexdigest()[:12]
+    if conversation is not None and conversation.answer_schema is not None:
+        text = json_answer(conversation.answer_schema, script, digest)
+        words = text.split(" ")  # joined by spaces again: the text, exactly
+        limit = call.max_tokens
+        if limit is not None and len(words) > limit:
+            return Reply(call, words[:limit], True, request_id, model)
+        return Reply(call, words, False, request_id, model)
     shown = image_words(conversation.images) if conversation is not None else []
     words = [f"[mock:{digest}]", *shown, *call.prompt.split()]
     words = list(islice(cycle(words), max(len(words), script.chunks)))
@@ -788,6 +811,24 @@ def _reply(call: ChatCall, script: Script) -> Reply:
     if limit is not None and len(words) > limit:
         return Reply(call, words[:limit], True, request_id, model)
     return Reply(call, words, False, request_id, model)
+
+
+def json_answer(schema: dict[str, Any], script: Script, digest: str) -> str:
+    """The answer to a request for JSON: a value that fits `schema`, unless the script says
+    to miss (text that is no JSON; JSON without its first property, or with it mistyped)."""
+    missing = script.json_reply
+    if script.json_miss_rate and int(digest, 16) % 1000 < script.json_miss_rate * 1000:
+        missing = "invalid"
+    if missing == "invalid":
+        return "Sure! Here is the JSON you asked for: {"
+    value = sample_value(schema)
+    if missing != "valid" and isinstance(value, dict) and value:
+        first = next(iter(value))
+        if missing == "missing":
+            del value[first]
+        else:
+            value[first] = 12345 if isinstance(value[first], str) else "mock-wrong"
+    return json.dumps(value)
 
 
 @dataclass(frozen=True)

@@ -254,6 +254,10 @@ def image_source(url: str) -> dict[str, Any]:
     return {"type": "base64", "media_type": media_type, "data": "".join(data.split())}
 
 
+# A `json_object` job's ask of Claude, which has no JSON mode.
+JSON_OBJECT_ASK = "Answer with one JSON object and nothing else: no prose, no code fence."
+
+
 def anthropic_tool_choice(options: PromptOptions) -> dict[str, Any] | None:
     """`tool_choice` in the Messages API's words (`required` is `any`), with parallel calls
     turned off where the job says so."""
@@ -327,6 +331,16 @@ class AnthropicMessagesAdapter(ChatAdapter):
         system = [options.system or ""] + [
             text_of(m.content) for m in conversation if m.role in ("system", "developer")
         ]
+        wanted = options.output_schema
+        if wanted is not None and wanted.type == "json_schema":
+            # Claude's native structured outputs; constraints it does not take (minimum,
+            # lengths, …) the SDK's transform moves into descriptions, and our check of the
+            # answer still holds them.
+            schema = anthropic.transform_schema(wanted.json_schema)
+            params["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
+        elif wanted is not None:
+            # No JSON mode here: asked in words, and the answer checked as everywhere.
+            system.append(JSON_OBJECT_ASK)
         if any(system):
             params["system"] = "\n\n".join(text for text in system if text)
         if options.stop is not None:

@@ -35,6 +35,7 @@ from activities.adapters.chat import (
     transport_failure,
 )
 from activities.adapters.conversation import Message
+from activities.adapters.structured import OutputSchema
 from activities.errors import AdapterError
 from projections.domain.lifecycle import AttemptResult, ErrorKind
 
@@ -216,6 +217,8 @@ class OpenAICompatAdapter(ChatAdapter):
             body["tool_choice"] = options.tool_choice
         elif options.tool_choice is not None:
             body["tool_choice"] = options.tool_choice.model_dump(mode="json")
+        if options.output_schema is not None:
+            body["response_format"] = response_format(options.output_schema)
         max_tokens = options.max_tokens or self.max_tokens
         if max_tokens is not None:
             body[self.max_tokens_field] = max_tokens
@@ -437,3 +440,16 @@ class OpenAIBatches:
             if choice.message.tool_calls
             else None,
         )
+
+
+def response_format(wanted: OutputSchema) -> dict[str, Any]:
+    """A job's output schema as Chat Completions asks for it: OpenAI's structured outputs
+    (`json_schema`, strict where the job says so), or its JSON mode (`json_object`)."""
+    if wanted.type == "json_object":
+        return {"type": "json_object"}
+    schema: dict[str, Any] = {"name": wanted.name, "schema": wanted.json_schema}
+    if wanted.description is not None:
+        schema["description"] = wanted.description
+    if wanted.strict is not None:
+        schema["strict"] = wanted.strict
+    return {"type": "json_schema", "json_schema": schema}

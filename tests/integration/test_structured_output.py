@@ -6,9 +6,13 @@ schema."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
-from tests.conftest import Stack
+import pytest
+
+from tests.conftest import MockProviderServer, Stack
+from tests.integration.test_conversations import PROVIDERS
 
 TICKET: dict[str, Any] = {
     "type": "object",
@@ -111,3 +115,75 @@ async def test_a_retry_may_drop_the_schema(stack: Stack) -> None:
     job = await stack.settled(retried.json()["job_id"])
     answer = (await stack.http.get(f"/v1/responses/{job['response_id']}")).json()
     assert (answer["text"], answer["output_json"]) == ("plain words", None)
+
+
+# -- on each provider's wire, against the mock --------------------------------------------
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_each_provider_is_asked_for_the_schema_and_a_miss_is_repaired(
+    provider_stack: Stack, mock_provider: MockProviderServer, provider: str
+) -> None:
+    question = f"Classify {uuid.uuid4().hex} mock:json_reply=missing"
+    body = {
+        "prompt": question,
+        "options": {"provider": provider, "output_schema": {"name": "ticket", "schema": TICKET}},
+    }
+    accepted = await provider_stack.http.post("/v1/prompts", json=body)
+    assert accepted.status_code == 202, accepted.text
+    job = await provider_stack.settled(accepted.json()["job_id"], timeout=30)
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    answer = (await provider_stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert answer["output_json"] == {"category": "billing", "urgent": True, "tags": ["mock"]}
+    attempts = await provider_stack.http.get(f"/v1/jobs/{job['job_id']}/attempts")
+    first, second = attempts.json()["attempts"]
+    assert first["outcome"] == "schema_mismatch" and first["output_tokens"] > 0
+    assert first["errors"] == [{"path": "/", "message": "'category' is a required property"}]
+    assert second["outcome"] == "succeeded"
+    # The provider was asked for the schema, its way, both times; the second time with the
+    # answer that missed and why.
+    asked = [r for r in await mock_provider.requests() if r["prompt"] == question]
+    repaired = [
+        r
+        for r in await mock_provider.requests()
+        if "'category' is a required" in r["prompt"] and r["api"] == provider
+    ]
+    assert len(asked) == 1 and len(repaired) == 1
+    assert asked[0]["answer_schema"]["required"] == TICKET["required"]
+    assert repaired[0]["answer_schema"] == asked[0]["answer_schema"]
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_provider_that_never_complies_fails_as_schema_mismatch(
+    provider_stack: Stack, provider: str
+) -> None:
+    body = {
+        "prompt": f"Classify {uuid.uuid4().hex}",
+        "max_attempts": 2,
+        "options": {
+            "provider": provider,
+            "model": "mock:json_reply=wrong",
+            "output_schema": {"name": "ticket", "schema": TICKET},
+        },
+    }
+    accepted = await provider_stack.http.post("/v1/prompts", json=body)
+    job = await provider_stack.settled(accepted.json()["job_id"], timeout=30)
+    assert (job["state"], job["error_kind"], job["attempt"]) == ("failed", "schema_mismatch", 2)
+    assert "at /category: 12345 is not one of ['billing', 'bug', 'other']" in job["error_message"]
+    scraped = (await provider_stack.http.get("/metrics")).text
+    assert (
+        f'promptjobs_schema_checks_total{{model="mock:json_reply=wrong",outcome="miss",'
+        f'provider="{provider}"}} 2.0'
+    ) in scraped
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+async def test_a_json_object_job_answers_an_object(provider_stack: Stack, provider: str) -> None:
+    body = {
+        "prompt": f"Any object {uuid.uuid4().hex}",
+        "options": {"provider": provider, "output_schema": {"type": "json_object"}},
+    }
+    accepted = await provider_stack.http.post("/v1/prompts", json=body)
+    job = await provider_stack.settled(accepted.json()["job_id"], timeout=30)
+    answer = (await provider_stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert (job["state"], answer["output_json"]) == ("succeeded", {})
