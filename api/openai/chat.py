@@ -20,6 +20,7 @@ from api.openai.responses import (
     METADATA_PAIRS,
     PromptjobsExtras,
     UnsupportedParameter,
+    output_schema_of,
 )
 from api.schemas import tool_calls_out
 from projections.models import Job, Prompt, Response
@@ -32,7 +33,6 @@ DEFAULTS: dict[str, tuple[Any, ...]] = {
     "logprobs": (False,),
     "frequency_penalty": (0, 0.0),
     "presence_penalty": (0, 0.0),
-    "response_format": ({"type": "text"},),
 }
 
 
@@ -59,6 +59,7 @@ class ChatRequest(BaseModel):
     n: Annotated[int, Field(ge=1, le=1)] | None = None
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
+    response_format: dict[StrictStr, Any] | None = None
     metadata: dict[StrictStr, StrictStr] | None = Field(default=None, max_length=METADATA_PAIRS)
     # "flex": the line runs as a deferrable job (CreateResponse.deferrable).
     service_tier: StrictStr | None = None
@@ -101,6 +102,9 @@ class ChatRequest(BaseModel):
             exclude_none=True,
         )
         options.update(sent)
+        wanted = output_schema_of("response_format", self.response_format, flat=False)
+        if wanted is not None:
+            options["output_schema"] = wanted
         if self.service_tier == "flex" and in_batch:
             options["deferrable"] = True
         parse_options(PromptOptions, options, "promptjobs.options")

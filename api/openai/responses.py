@@ -5,11 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictStr,
+    Tag,
+    ValidationError,
+)
 
 from activities.adapters.base import AdapterRegistry, parse_options
 from activities.adapters.json_types import NO_NUL
 from activities.adapters.options import PromptOptions
+from activities.adapters.structured import OutputSchema
 from api.schemas import tool_calls_out
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import ErrorKind, JobState
@@ -249,6 +259,7 @@ class CreateResponse(BaseModel):
     stream: StrictBool | None = None
     store: StrictBool | None = None
     service_tier: StrictStr | None = None
+    text: dict[StrictStr, Any] | None = None
     promptjobs: PromptjobsExtras = Field(default_factory=PromptjobsExtras)
 
     def deferrable(self, *, in_batch: bool) -> bool:
@@ -333,6 +344,15 @@ class CreateResponse(BaseModel):
         ):
             if value is not None:
                 options[key] = value
+        text = self.text or {}
+        for key in text:
+            if key not in ("format", "verbosity"):
+                raise UnsupportedParameter(
+                    f"text.{key}", f"`text.{key}` is not supported by promptjobs: leave it out"
+                )
+        wanted = output_schema_of("text.format", text.get("format"), flat=True)
+        if wanted is not None:
+            options["output_schema"] = wanted
         if self.tools:
             options["tools"] = [t.chat() for t in self.tools if isinstance(t, FunctionTool)]
         if isinstance(self.tool_choice, NamedTool):
@@ -353,6 +373,59 @@ class CreateResponse(BaseModel):
             "instructions": self.instructions,
             "previous_response_id": self.previous_response_id,
         }
+
+
+def output_schema_of(param: str, given: Any, *, flat: bool) -> dict[str, Any] | None:
+    """OpenAI's answer format as `options.output_schema` (None: text): Chat Completions'
+    `response_format` (`{"type": "json_schema", "json_schema": {name, schema, strict}}`) or
+    Responses' `text.format` (`flat`: the same fields beside `type`); `json_object` either
+    way. Raises UnsupportedParameter naming what is wrong with it."""
+    if given is None:
+        return None
+    kind = given.get("type") if isinstance(given, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        wanted: dict[str, Any] = {"type": "json_object"}
+    elif kind == "json_schema":
+        fields = (
+            {k: v for k, v in given.items() if k != "type"} if flat else given.get("json_schema")
+        )
+        if not isinstance(fields, dict):
+            raise UnsupportedParameter(
+                param, f"`{param}` of type json_schema needs `json_schema`", code="invalid_value"
+            )
+        wanted = {k: v for k, v in fields.items() if v is not None}
+    else:
+        raise UnsupportedParameter(
+            param,
+            f"`{param}.type` must be `text`, `json_object` or `json_schema`",
+            code="invalid_value",
+        )
+    try:
+        OutputSchema.model_validate(wanted)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join([param, *(str(p) for p in first["loc"])])
+        raise UnsupportedParameter(
+            param, f"{where}: {first['msg'].removeprefix('Value error, ')}", code="invalid_value"
+        ) from err
+    return wanted
+
+
+def text_format(output_schema: dict[str, Any] | None) -> dict[str, Any]:
+    """A job's output schema as Responses' `text.format` says it."""
+    if output_schema is None:
+        return {"type": "text"}
+    if output_schema.get("type") == "json_object":
+        return {"type": "json_object"}
+    return {
+        "type": "json_schema",
+        "name": output_schema.get("name", "output"),
+        "schema": output_schema.get("schema"),
+        "strict": output_schema.get("strict"),
+        "description": output_schema.get("description"),
+    }
 
 
 def answered_object(prompt: Prompt, job: JobLike, answer: Response) -> dict[str, Any]:
@@ -508,7 +581,7 @@ def response_object(
         "service_tier": "flex" if (options or {}).get("deferrable") else "default",
         "store": True,
         "temperature": (options or {}).get("temperature"),
-        "text": {"format": {"type": "text"}},
+        "text": {"format": text_format((options or {}).get("output_schema"))},
         "tool_choice": responses_tool_choice((options or {}).get("tool_choice")),
         "tools": [
             {"type": "function", "strict": None, **tool["function"]}

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Literal
 
+import openai
 import pytest
+from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from tests.conftest import MockProviderServer, Stack
 from tests.integration.test_conversations import PROVIDERS
@@ -187,3 +190,74 @@ async def test_a_json_object_job_answers_an_object(provider_stack: Stack, provid
     job = await provider_stack.settled(accepted.json()["job_id"], timeout=30)
     answer = (await provider_stack.http.get(f"/v1/responses/{job['response_id']}")).json()
     assert (job["state"], answer["output_json"]) == ("succeeded", {})
+
+
+# -- the official SDK's helpers, unchanged ------------------------------------------------
+
+
+class Ticket(BaseModel):
+    category: Literal["billing", "bug", "other"]
+    urgent: bool
+    tags: list[str]
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-test", "anthropic/claude-test"])
+async def test_chat_completions_parse_returns_the_model(provider_stack: Stack, model: str) -> None:
+    client = sdk(provider_stack)
+    completion = await client.chat.completions.parse(
+        model=model,
+        messages=[{"role": "user", "content": f"Classify {uuid.uuid4().hex}"}],
+        response_format=Ticket,
+    )
+    assert completion.choices[0].message.parsed == Ticket(category="billing", urgent=True, tags=[])
+    # A miss on the first attempt is repaired on the second; both attempts and their usage
+    # are the job's.
+    repaired = await client.chat.completions.parse(
+        model=model,
+        messages=[
+            {"role": "user", "content": f"Classify {uuid.uuid4().hex} mock:json_reply=wrong"}
+        ],
+        response_format=Ticket,
+    )
+    assert repaired.choices[0].message.parsed == Ticket(category="billing", urgent=True, tags=[])
+    job_id = repaired.model_extra["promptjobs"]["job_id"]  # type: ignore[index]
+    attempts = await provider_stack.http.get(f"/v1/jobs/{job_id}/attempts")
+    outcomes = [(a["outcome"], a["output_tokens"] > 0) for a in attempts.json()["attempts"]]
+    assert outcomes == [("schema_mismatch", True), ("succeeded", True)]
+    assert repaired.usage is not None and repaired.usage.completion_tokens == sum(
+        a["output_tokens"] for a in attempts.json()["attempts"]
+    )
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-test", "anthropic/claude-test"])
+async def test_responses_parse_returns_the_model(provider_stack: Stack, model: str) -> None:
+    client = sdk(provider_stack)
+    response = await client.responses.parse(
+        model=model, input=f"Classify {uuid.uuid4().hex}", text_format=Ticket
+    )
+    assert response.output_parsed == Ticket(category="billing", urgent=True, tags=[])
+    assert response.text.format.type == "json_schema"  # type: ignore[union-attr]
+    retrieved = await client.responses.retrieve(response.id)
+    assert retrieved.text.format.name == "Ticket"  # type: ignore[union-attr]
+
+
+async def test_a_format_that_is_no_schema_is_a_400_the_sdk_shows(provider_stack: Stack) -> None:
+    client = sdk(provider_stack)
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
+    with pytest.raises(openai.BadRequestError, match="is not JSON Schema") as raised:
+        await client.chat.completions.create(
+            model="openai/gpt-test",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format=bad,  # type: ignore[arg-type]
+        )
+    assert raised.value.param == "response_format"
+    with pytest.raises(openai.BadRequestError, match=r"text\.format\.type"):
+        await client.responses.create(
+            model="openai/gpt-test",
+            input="hi",
+            text={"format": {"type": "xml"}},  # type: ignore[typeddict-item]
+        )
+
+
+def sdk(stack: Stack) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=stack.api_key, max_retries=0)
