@@ -38,7 +38,7 @@ from activities.adapters.conversation import (
     with_user_text,
 )
 from activities.adapters.options import options_of
-from activities.adapters.structured import check_answer, repair_turn
+from activities.adapters.structured import OutputSchema, check_answer, repair_turn
 from activities.budgets import WorkerBudgets, estimate_tokens, input_estimate
 from activities.contracts import (
     ATTEMPT_REPORTED,
@@ -139,16 +139,13 @@ async def adapter_request(
     )
 
 
-def checked(
-    request: AdapterRequest, result: AttemptResult, output: StreamedOutput
-) -> AttemptResult:
-    """The result with its JSON, for a job with an output schema (an answer of tool calls is
-    not checked: the model asked for tools first); a miss is a `schema_mismatch` failure
-    that keeps the answer and the errors for the next attempt's repair turn."""
-    wanted = request.options.output_schema
+def checked(wanted: OutputSchema | None, result: AttemptResult, text: str) -> AttemptResult:
+    """The result with its JSON (`text`, its answer as streamed), for a job with an output
+    schema (an answer of tool calls is not checked: the model asked for tools first); a
+    miss is a `schema_mismatch` failure that keeps the answer and the errors for the next
+    attempt's repair turn. A direct call's answer and a provider batch's line alike."""
     if wanted is None or result.tool_calls:
         return result
-    text = output.text if output.length else result.text
     value, miss = check_answer(wanted, text, result.finish_reason)
     metrics.SCHEMA_CHECKS.labels(
         provider=result.provider, model=result.model[:64], outcome="miss" if miss else "match"
@@ -456,7 +453,9 @@ class Attempt:
             outcome = "ok"
             try:
                 adapter = adapters.check(request)
-                return checked(request, await adapter.complete(request, output), output)
+                result = await adapter.complete(request, output)
+                text = output.text if output.length else result.text
+                return checked(request.options.output_schema, result, text)
             except AdapterError as err:
                 outcome = err.kind.value
                 raise

@@ -9,9 +9,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from activities.adapters.batch import LineResult
+from activities.adapters.structured import OutputSchema
+from activities.attempt import checked
 from activities.budgets import estimate_tokens
 from activities.contracts import BatchVerdict
 from activities.deferral import DIRECTLY
+from activities.errors import AdapterError
 from activities.job_activities import wake
 from activities.outages import through_outages
 from activities.prices import PriceTable
@@ -88,13 +91,20 @@ class BatchLine:
         )
 
     async def succeeded(self, attempt: int) -> BatchVerdict:
-        """A line with its answer: the job succeeds with it, as a direct call's would."""
+        """A line with its answer: the job succeeds with it, as a direct call's would, once
+        the answer matches the job's output schema if it has one (a miss runs again
+        directly, charged this attempt, with the repair turn a direct miss gets)."""
         line = self.line
         assert line.result is not None
         job_id = self.job.job_id
         usage = await self.usage(attempt)
+        try:
+            answer = checked(self.output_schema, line.result, line.result.text)
+        except AdapterError as miss:
+            missed = replace(usage, outcome=miss.kind.value, detail=miss.detail)
+            return await self._failed(attempt, miss, missed)
         result = replace(
-            line.result,
+            answer,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             usage_estimated=usage.usage_estimated,
@@ -113,8 +123,16 @@ class BatchLine:
         rest (or attempts spent) fail the job."""
         err = self.line.error
         assert err is not None
+        return await self._failed(attempt, err, await self.usage(attempt))
+
+    @property
+    def output_schema(self) -> OutputSchema | None:
+        """The job's output schema, if its options ask for one."""
+        wanted = (self.job.options or {}).get("output_schema")
+        return None if wanted is None else OutputSchema.model_validate(wanted)
+
+    async def _failed(self, attempt: int, err: AdapterError, usage: AttemptUsage) -> BatchVerdict:
         job, batch = self.job, self.batch
-        usage = await self.usage(attempt)
         message = f"{err.message} (in {via_batch(batch)})"
         via = f"{DIRECTLY}: its line in {via_batch(batch)} failed ({err.kind.value})"
         if err.kind is ErrorKind.RATE_LIMIT:

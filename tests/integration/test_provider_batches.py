@@ -28,6 +28,7 @@ from tests.conftest import (
     provider_settings,
     running_stack,
 )
+from tests.integration.test_structured_output import TICKET
 
 PRICES = """
 [models."gpt-batch*"]
@@ -519,3 +520,31 @@ async def test_a_batch_whose_workflow_was_terminated_goes_on_without_sending_twi
         assert (job["state"], job["attempt"]) == ("succeeded", 1)
     seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
     assert len(seen) == 2 and len({r["batch"] for r in seen}) == 1
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_line_with_an_output_schema_is_validated_as_it_settles(
+    batching: Stack, mock_provider: MockProviderServer, provider: str
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    schema = {"name": "ticket", "schema": TICKET}
+    fits = await submit(batching, f"fits {tag}", provider=provider, output_schema=schema)
+    missing = f"misses {tag} mock:json_reply=missing"
+    misses = await submit(batching, missing, provider=provider, output_schema=schema)
+
+    job = await batching.settled(fits, timeout=30)
+    assert (job["state"], job["attempt"]) == ("succeeded", 1)
+    answer = (await batching.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert answer["output_json"] == {"category": "billing", "urgent": True, "tags": ["mock"]}
+    [attempt] = await attempts(batching, fits)
+    assert attempt["via"].startswith("provider batch")
+
+    # The line's answer missed: charged its attempt, run again directly with the repair turn.
+    job = await batching.settled(misses, timeout=30)
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    first, second = await attempts(batching, misses)
+    assert (first["outcome"], first["errors"][0]["path"]) == ("schema_mismatch", "/")
+    assert first["via"].startswith("provider batch") and first["cost_usd"] is not None
+    assert second["via"].startswith("deferrable, run directly: its line in provider batch")
+    seen = [r for r in await mock_provider.requests() if tag in r["prompt"]]
+    assert all(r.get("batch") and r["answer_schema"] for r in seen)
