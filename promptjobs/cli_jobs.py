@@ -200,10 +200,14 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
             f"\n→ {call['name']}({call['arguments']}) [{call['id']}]"
             for call in view.answer.tool_calls or ()
         )
+        parsed = view.answer.output_json
+        # A job with an output schema: its JSON, checked and laid out.
+        said = view.answer.text if parsed is None else json.dumps(parsed, indent=2)
         typer.echo(
             f"\nanswer ({view.answer.provider}/{view.answer.model}, "
-            f"{view.answer.finish_reason or 'no finish reason'}):\n"
-            f"{_excerpt(view.answer.text)}{calls}"
+            f"{view.answer.finish_reason or 'no finish reason'}"
+            f"{', matches its output schema' if parsed is not None else ''}):\n"
+            f"{_excerpt(said)}{calls}"
         )
     if view.waits:
         out.print(
@@ -237,7 +241,7 @@ def show(job_id: str, as_json: JsonOpt = False) -> None:
                 (
                     (
                         a.attempt,
-                        a.outcome,
+                        _outcome(a),
                         f"{a.provider}/{a.model}",
                         f"{a.input_tokens}/{a.output_tokens}",
                         "unpriced" if a.cost_usd is None else f"${a.cost_usd:.6f}",
@@ -260,10 +264,20 @@ def _excerpt(text: str) -> str:
     return f"{text[:SHOWN_CHARS]}… ({len(text):,} characters; --json shows all)"
 
 
+def _outcome(attempt: AttemptRecord) -> str:
+    """An attempt's outcome, and a schema miss's first error (its place and fault)."""
+    errors = (attempt.detail or {}).get("errors") or []
+    if not errors:
+        return attempt.outcome
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{attempt.outcome}: at {errors[0]['path']}: {errors[0]['message']}{more}"
+
+
 def _answer(answer: Response) -> dict[str, Any]:
     return {
         "response_id": answer.response_id,
         "text": answer.text,
+        "output_json": answer.output_json,
         "provider": answer.provider,
         "model": answer.model,
         "finish_reason": answer.finish_reason,
@@ -283,6 +297,7 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "duration_ms": attempt.duration_ms,
         "started_at": iso(attempt.started_at),
         "via": attempt.via,
+        "errors": (attempt.detail or {}).get("errors"),
     }
 
 

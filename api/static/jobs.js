@@ -108,13 +108,17 @@ export async function fetchPrompt(promptId) {
   }
 }
 
-// An answer as the page shows it: its text, then each tool call it asks for, as a
-// conversation's transcript writes one ("→ name(arguments)").
+// An answer as the page shows it: its text (the parsed JSON, laid out, for a job with an
+// output schema), then each tool call it asks for, as a conversation's transcript writes one
+// ("→ name(arguments)").
 function answerText(response) {
   const calls = (response.tool_calls || []).map(
     (call) => `→ ${call.function.name}(${call.function.arguments})`,
   );
-  return [response.text, ...calls].filter((line) => line !== "").join("\n");
+  const parsed = response.output_json;
+  const text =
+    parsed === null || parsed === undefined ? response.text : JSON.stringify(parsed, null, 2);
+  return [text, ...calls].filter((line) => line !== "").join("\n");
 }
 
 export async function fetchResponse(entry, responseId) {

@@ -14,7 +14,7 @@ import pytest
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from tests.conftest import MockProviderServer, Stack
+from tests.conftest import MockProviderServer, Stack, cli, cli_json
 from tests.integration.test_conversations import PROVIDERS
 
 TICKET: dict[str, Any] = {
@@ -81,6 +81,18 @@ async def test_a_provider_that_never_complies_fails_the_job_with_the_errors(
     assert 'promptjobs_schema_checks_total{model="fake-1",outcome="miss",provider="fake"}' in (
         scraped
     )
+
+
+async def test_jobs_show_shows_the_parsed_answer_and_each_miss(stack: Stack) -> None:
+    missing = json.dumps({"category": "billing", "urgent": True})
+    accepted = await stack.http.post("/v1/prompts", json=schema_job(missing))
+    job = await stack.settled(accepted.json()["job_id"])
+    shown = (await cli(stack, "jobs", "show", job["job_id"])).output
+    assert "matches its output schema" in shown and '"tags": [\n' in shown
+    assert "schema_mismatch: at /: 'tags' is a required property" in shown
+    as_json = await cli_json(stack, "jobs", "show", job["job_id"])
+    assert as_json["answer"]["output_json"]["tags"] == ["mock"]
+    assert as_json["attempts"][0]["errors"][0]["path"] == "/"
 
 
 async def test_what_is_no_schema_is_a_422_that_says_what_to_fix(stack: Stack) -> None:
