@@ -37,9 +37,9 @@ def test_a_miss_names_each_place_and_fault() -> None:
     assert value == {"age": -1, "pets": [3]}
     assert miss is not None
     assert sorted((e["path"], e["message"]) for e in miss.errors) == [
-        ("/", "'name' is a required property"),
+        ("/", '"name" is a required property'),
         ("/age", "-1 is less than the minimum of 0"),
-        ("/pets/0", "3 is not of type 'string'"),
+        ("/pets/0", '3 is not of type "string"'),
     ]
     assert miss.message.startswith("the answer does not match the output schema: at ")
 
