@@ -254,6 +254,30 @@ async def test_responses_parse_returns_the_model(provider_stack: Stack, model: s
     assert retrieved.text.format.name == "Ticket"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("model", ["openai/gpt-test", "anthropic/claude-test"])
+async def test_the_sdks_stream_helpers_show_the_json_grow_and_parse_it(
+    provider_stack: Stack, model: str
+) -> None:
+    client = sdk(provider_stack)
+    question = f"Classify {uuid.uuid4().hex} mock:chunk_ms=20"
+    async with client.chat.completions.stream(
+        model=model, messages=[{"role": "user", "content": question}], response_format=Ticket
+    ) as chat:
+        pieces = [e.delta async for e in chat if e.type == "content.delta"]
+        final = await chat.get_final_completion()
+    assert (
+        len(pieces) > 1
+        and json.loads("".join(pieces)) == final.choices[0].message.parsed.model_dump()
+    )  # type: ignore[union-attr]
+    async with client.responses.stream(
+        model=model, input=f"Classify {uuid.uuid4().hex} mock:chunk_ms=20", text_format=Ticket
+    ) as responses:
+        deltas = [e.delta async for e in responses if e.type == "response.output_text.delta"]
+        done = await responses.get_final_response()
+    assert len(deltas) > 1
+    assert done.output_parsed == Ticket(category="billing", urgent=True, tags=[])
+
+
 async def test_a_format_that_is_no_schema_is_a_400_the_sdk_shows(provider_stack: Stack) -> None:
     client = sdk(provider_stack)
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
