@@ -95,12 +95,14 @@ class Args:
     """A benchmark's arguments, in any order: a count; `postgresql` (the projection there,
     not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`
     ran them before its worker had a process of its own; `bench.dev_latency` measures `dev`);
-    `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`)."""
+    `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`);
+    `noworker` (no worker runs: the jobs stay queued; `bench.submit_latency` only)."""
 
     count: int
     backend: str
     embedded: bool
     pinned: bool = False
+    no_worker: bool = False
 
     @property
     def stack(self) -> str:
@@ -111,11 +113,12 @@ class Args:
 
 def args(default_count: int) -> Args:
     words = sys.argv[1:]
-    known = ("sqlite", "postgresql", "embedded", "pinned")
+    known = ("sqlite", "postgresql", "embedded", "pinned", "noworker")
     unknown = [w for w in words if not w.isdigit() and w not in known]
     if unknown:
         raise SystemExit(
-            f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded] [pinned]"
+            f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded] [pinned] "
+            "[noworker]"
         )
     counts = [int(w) for w in words if w.isdigit()]
     return Args(
@@ -123,6 +126,7 @@ def args(default_count: int) -> Args:
         backend="postgresql" if "postgresql" in words else "sqlite",
         embedded="embedded" in words,
         pinned="pinned" in words,
+        no_worker="noworker" in words,
     )
 
 

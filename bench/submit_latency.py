@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 from bench.harness import (
+    CpuMeter,
     Report,
     args,
     bench_stack,
@@ -30,7 +31,8 @@ async def main() -> Report:
         {
             "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
             "adapter": "fake, latency_ms=2000",
-            "stack": f"{ARGS.stack}, dev server on disk (WAL)",
+            "stack": f"{ARGS.stack}, dev server on disk (WAL)"
+            + ("; no worker (the jobs stay queued)" if ARGS.no_worker else ""),
             "client": "aiohttp in the bench process, keep-alive",
         },
     )
@@ -39,11 +41,14 @@ async def main() -> Report:
         bench_stack(ARGS) as (data_dir, env, overrides),
         service(target(env), data_dir, embedded=ARGS.embedded, **overrides) as (svc, _, http),
     ):
-        svc.start_worker()
-        await wait_for_pollers(env, svc.settings.temporal_task_queue)
+        if not ARGS.no_worker:
+            svc.start_worker()
+            await wait_for_pollers(env, svc.settings.temporal_task_queue)
         await submit_many(http, WARMUP, 1, BODY)
         for concurrency, n in REQUESTS.items():
+            meter = CpuMeter()
             latencies = await submit_many(http, n, concurrency, BODY)
+            report.add(f"c={concurrency} CPU", meter.per(n, "submit"))
             goal = "p99 < 25 ms (seed: < 100 ms)" if concurrency == 1 else "seed: p99 < 100 ms"
             report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
             report.add(f"c={concurrency} p99", ms(percentile(latencies, 99)), goal)
