@@ -21,8 +21,6 @@ import time
 import uuid
 from typing import Any
 
-import httpx
-
 from activities.adapters.structured import OutputSchema, check_answer, compiled_validator
 from bench.harness import (
     Report,
@@ -32,6 +30,7 @@ from bench.harness import (
     service,
     target,
     wait_for_pollers,
+    wait_settled,
 )
 from bench.stream_output import mock_provider
 
@@ -138,7 +137,7 @@ async def run_jobs(report: Report, mock: str) -> None:
     with scratch() as data_dir:
         async with (
             dev_temporal(data_dir) as env,
-            service(target(env), data_dir) as (svc, _proj, http),
+            service(target(env), data_dir) as (svc, projection, http),
         ):
             svc.spawn("worker")
             await wait_for_pollers(env, svc.settings.temporal_task_queue)
@@ -153,8 +152,9 @@ async def run_jobs(report: Report, mock: str) -> None:
                 response = await http.post("/v1/prompts", json=body)
                 assert response.status_code == 202, response.text
                 jobs.append(response.json()["job_id"])
-            rows = await settled(http, jobs)
-            took = time.monotonic() - began
+            settled_at, _states = await wait_settled(projection, JOBS, timeout=600)
+            took = settled_at - began
+            rows = [(await http.get(f"/v1/jobs/{job_id}")).json() for job_id in jobs]
             attempts = [row["attempt"] for row in rows]
             first_missed = 0
             for job_id in jobs:
@@ -166,21 +166,6 @@ async def run_jobs(report: Report, mock: str) -> None:
             report.add("attempts per job, mean", f"{sum(attempts) / JOBS:.2f}")
             report.add("attempts per job, max", str(max(attempts)))
             report.add("submit → all settled", f"{took:.1f} s")
-
-
-async def settled(http: httpx.AsyncClient, jobs: list[str]) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 600
-    rows: dict[str, dict[str, Any]] = {}
-    while time.monotonic() < deadline:
-        for job_id in jobs:
-            if job_id not in rows:
-                row = (await http.get(f"/v1/jobs/{job_id}")).json()
-                if row["state"] in ("succeeded", "failed", "cancelled"):
-                    rows[job_id] = row
-        if len(rows) == len(jobs):
-            return [rows[j] for j in jobs]
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"{len(jobs) - len(rows)} jobs not settled in 600 s")
 
 
 async def main() -> Report:

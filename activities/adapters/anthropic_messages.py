@@ -332,7 +332,7 @@ class AnthropicMessagesAdapter(ChatAdapter):
             text_of(m.content) for m in conversation if m.role in ("system", "developer")
         ]
         wanted = options.output_schema
-        if wanted is not None and wanted.type == "json_schema":
+        if wanted is not None and not wanted.any_object:
             # Claude's native structured outputs; constraints it does not take (minimum,
             # lengths, …) the SDK's transform moves into descriptions, and our check of the
             # answer still holds them.

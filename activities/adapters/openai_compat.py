@@ -445,7 +445,7 @@ class OpenAIBatches:
 def response_format(wanted: OutputSchema) -> dict[str, Any]:
     """A job's output schema as Chat Completions asks for it: OpenAI's structured outputs
     (`json_schema`, strict where the job says so), or its JSON mode (`json_object`)."""
-    if wanted.type == "json_object":
+    if wanted.any_object:
         return {"type": "json_object"}
     schema: dict[str, Any] = {"name": wanted.name, "schema": wanted.json_schema}
     if wanted.description is not None:

@@ -14,10 +14,11 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
-from typing import Any, Literal
+from typing import Any
 
 import jsonschema_rs
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from activities.adapters.conversation import FUNCTION_NAME, check_schema
@@ -33,22 +34,20 @@ ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 class OutputSchema(BaseModel):
-    """`options.output_schema`: the answer must be JSON matching `schema` (`json_schema`), or
-    any JSON object (`json_object`)."""
+    """`options.output_schema`: the answer must be JSON matching `schema`, or, without one,
+    any JSON object (OpenAI's `json_object`)."""
 
     # `schema` on the wire (a pydantic model's own `schema` is taken), both ways.
     model_config = STRICT_BODY | ConfigDict(serialize_by_alias=True)
 
-    type: Literal["json_schema", "json_object"] = Field(
-        default="json_schema", description="`json_object`: any JSON object, no schema"
-    )
     name: StrictStr = Field(
         default="output", pattern=FUNCTION_NAME, description="The schema's name, for the provider"
     )
-    schema_: dict[StrictStr, Any] | None = Field(
+    # May be left out, not null (SkipJsonSchema: the document says so).
+    schema_: dict[StrictStr, Any] | SkipJsonSchema[None] = Field(
         default=None,
         alias="schema",
-        description="The answer's JSON Schema (Draft 2020-12); required for `json_schema`",
+        description="The answer's JSON Schema (Draft 2020-12); left out: any JSON object",
     )
     description: StrictStr | None = Field(default=None, max_length=10_000)
     strict: bool | None = Field(
@@ -57,16 +56,17 @@ class OutputSchema(BaseModel):
         "answer is validated either way",
     )
 
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise PydanticCustomError("null", "leave `schema` out rather than send null")
+        return value
+
     @model_validator(mode="after")
     def _schema_fits(self) -> OutputSchema:
-        if self.type == "json_object":
-            if self.schema_ is not None:
-                raise PydanticCustomError(
-                    "schema_unwanted", "a `json_object` output has no schema: use `json_schema`"
-                )
-            return self
         if self.schema_ is None:
-            raise PydanticCustomError("schema_missing", "a `json_schema` output needs `schema`")
+            return self
         size = len(json.dumps(self.schema_))
         if size > MAX_SCHEMA_BYTES:
             raise PydanticCustomError(
@@ -95,8 +95,13 @@ class OutputSchema(BaseModel):
         return compiled_validator(json.dumps(self.json_schema, sort_keys=True))
 
     @property
+    def any_object(self) -> bool:
+        """No schema: any JSON object (OpenAI's `json_object`)."""
+        return self.schema_ is None
+
+    @property
     def json_schema(self) -> dict[str, Any]:
-        """The schema an answer is checked against (any object, for `json_object`)."""
+        """The schema an answer is checked against (any object, without one)."""
         return self.schema_ if self.schema_ is not None else ANY_OBJECT
 
 

@@ -386,7 +386,7 @@ def output_schema_of(param: str, given: Any, *, flat: bool) -> dict[str, Any] | 
     if kind == "text":
         return None
     if kind == "json_object":
-        wanted: dict[str, Any] = {"type": "json_object"}
+        wanted: dict[str, Any] = {}  # no schema: any JSON object
     elif kind == "json_schema":
         fields = (
             {k: v for k, v in given.items() if k != "type"} if flat else given.get("json_schema")
@@ -396,6 +396,10 @@ def output_schema_of(param: str, given: Any, *, flat: bool) -> dict[str, Any] | 
                 param, f"`{param}` of type json_schema needs `json_schema`", code="invalid_value"
             )
         wanted = {k: v for k, v in fields.items() if v is not None}
+        if "schema" not in wanted:
+            raise UnsupportedParameter(
+                param, f"`{param}` of type json_schema needs `schema`", code="invalid_value"
+            )
     else:
         raise UnsupportedParameter(
             param,
@@ -417,7 +421,7 @@ def text_format(output_schema: dict[str, Any] | None) -> dict[str, Any]:
     """A job's output schema as Responses' `text.format` says it."""
     if output_schema is None:
         return {"type": "text"}
-    if output_schema.get("type") == "json_object":
+    if output_schema.get("schema") is None:
         return {"type": "json_object"}
     return {
         "type": "json_schema",

@@ -171,7 +171,7 @@ def test_every_operation_conforms_to_the_openapi_document(
                     "Idempotency-Key": uuid.uuid4().hex,
                 }
             if mode is GenerationMode.POSITIVE and isinstance(case.body, dict):
-                case.body = _within_schedule_horizon(case.body)
+                case.body = _within_schedule_horizon(_without_nul(case.body))
             if isinstance(case.body, dict):
                 case.body = _a_conversation_the_rules_allow(case.body)
             case.call_and_validate(headers=auth, timeout=10)
@@ -193,15 +193,30 @@ def _within_schedule_horizon(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-TOOL_FIELDS = ("tools", "tool_choice")
+def _without_nul(value: Any) -> Any:
+    """The generator's regex strategy lets a NUL through `^[^\\x00]*$` after a surrogate pair
+    (seen 2026-12-07, once the document's shape moved the derandomized sequence there); the
+    API refuses NUL, as the pattern says (test_api_submit.py covers the 422): a positive
+    case's strings are sent without it."""
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, dict):
+        return {k: _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+TOOL_FIELDS = ("tools", "tool_choice", "output_schema")
 
 
 def _a_conversation_the_rules_allow(body: dict[str, Any]) -> dict[str, Any]:
     """The rules across a conversation's messages and tools, which a JSON Schema cannot say
     (a user message in it, an assistant message that says something, a tool message that
     answers a call, arguments and parameters that are JSON and JSON Schema, a chosen tool
-    among those offered; test_conversations.py covers their 422s): generated messages that
-    break them are sent as one user message, and tools that do as none."""
+    among those offered, an output schema that is JSON Schema; test_conversations.py and
+    test_structured_output.py cover their 422s): generated messages that break them are
+    sent as one user message, and tools or an output schema that do as none."""
     options = body.get("options")
     if isinstance(options, dict) and TOOL_FIELDS & options.keys():
         try:

@@ -160,6 +160,7 @@ async def test_openai_result_records_what_the_provider_answered(
         "tools": [],
         "after_tool": False,
         "images": [],
+        "answer_schema": None,
         "attempt": 1,
         "step": "ok",
         "stream": True,

@@ -52,7 +52,7 @@ def test_text_that_is_not_json_or_was_cut_is_a_miss() -> None:
 
 
 def test_json_object_takes_any_object_only() -> None:
-    anything = OutputSchema(type="json_object")
+    anything = OutputSchema()
     assert check_answer(anything, '{"x": [1]}', "stop")[1] is None
     assert check_answer(anything, "[1, 2]", "stop")[1] is not None
 
