@@ -53,11 +53,17 @@ def log_event(
     data: dict[str, Any],
     now: datetime,
     event_id: int | None = None,
+    *,
+    defer: bool = False,
 ) -> int:
     """Append one event of `job`; `event_id`, when the caller already wrote it on the job
     row, must be the transaction's next id (`tx.next_event_id()`)."""
     row = _event_row(tx, kind, job, data, now, event_id)
-    prepared(tx, ("append_event",), lambda: insert(EVENTS)).run(tx, row)
+    statement = prepared(tx, ("append_event",), lambda: insert(EVENTS))
+    if defer:
+        statement.defer(tx, row)
+    else:
+        statement.run(tx, row)
     return int(row["id"])
 
 
@@ -99,10 +105,13 @@ def append_event(
     event_id: int,
     now: datetime,
     kind: EventType = EventType.STATE_CHANGED,
+    *,
+    defer: bool = False,
 ) -> int:
     """Log the row as it now stands (a transition, or new usage sums); `event_id` is already
-    the row's last_event_id."""
-    log_event(tx, kind, job, job_row(job), now, event_id)
+    the row's last_event_id. `defer`: the event's row goes with the transaction's next
+    statement or its commit (`WriteTx.defer`)."""
+    log_event(tx, kind, job, job_row(job), now, event_id, defer=defer)
     if kind is EventType.STATE_CHANGED:
         state, error_kind = transition_labels(job.state, job.error_kind)
         counter = metrics.TRANSITIONS.labels(state=state, error_kind=error_kind)

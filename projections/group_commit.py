@@ -16,7 +16,7 @@ from contextlib import (
     contextmanager,
     nullcontext,
 )
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -74,9 +74,26 @@ class WriteTx:
         self.after_commit: list[Callable[[], None]] = []
         self._next_event_id: int | None = None
         self.last_event_id: int | None = None
+        # Inserts whose rows nothing reads back in this transaction, by statement, in the
+        # order each statement was first deferred: sent together before the next statement
+        # and before the commit, one multi-row call per statement (`flush`).
+        self._deferred: dict[int, tuple[Deferrable, list[dict[str, Any]]]] = {}
 
     def execute(self, statement: Executable, params: dict[str, Any] | None = None) -> Any:
+        self.flush()
         return self.conn.execute(statement, params)
+
+    def defer(self, statement: Deferrable, params: dict[str, Any]) -> None:
+        """Insert a row with `statement` at the next flush: a group commit's submits send
+        their prompts, jobs and events in three calls, not three round trips each."""
+        self._deferred.setdefault(id(statement), (statement, []))[1].append(params)
+
+    def flush(self) -> None:
+        """Send the deferred inserts, each statement's rows in one call, in the order the
+        statements were first deferred (a prompt before its job, a job before its event)."""
+        pending, self._deferred = self._deferred, {}
+        for statement, rows in pending.values():
+            statement.run_many(self, rows)
 
     def next_event_id(self) -> int:
         """The id the transaction's next event gets (taken by `used_event_id`)."""
@@ -106,6 +123,12 @@ class WriteTx:
             " coalesce((SELECT max(id) FROM job_events), 0))"
         ).scalar()
         return int(seq or 0) + 1
+
+
+class Deferrable(Protocol):
+    """A statement a transaction can send many rows of at once (prepared.Prepared)."""
+
+    def run_many(self, tx: WriteTx, params: list[dict[str, Any]]) -> None: ...
 
 
 class SyncWriteTurn:
@@ -162,6 +185,7 @@ class SyncWriter:
                     results.append(write(tx))
                     if max_hold_s is not None and time.monotonic() - began >= max_hold_s:
                         break
+                tx.flush()
                 if tx.postgresql and tx.last_event_id is not None:
                     # Delivered at commit to API processes that wake their SSE streams on it.
                     conn.execute(

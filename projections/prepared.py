@@ -106,6 +106,11 @@ class Prepared:
         if params:
             self._execute(tx, [self._bound(p) for p in params], many=True)
 
+    def defer(self, tx: WriteTx, params: dict[str, Any]) -> None:
+        """Execute with `params` at the transaction's next statement or commit, with the other
+        rows deferred meanwhile (`WriteTx.defer`). For inserts nothing reads back before."""
+        tx.defer(self, params)
+
     def _bound(self, params: dict[str, Any]) -> Any:
         values = {
             name: (process(value) if (process := self.binds.get(name)) else value)
@@ -114,6 +119,7 @@ class Prepared:
         return values if self.positional is None else [values[n] for n in self.positional]
 
     def _execute(self, tx: WriteTx, bound: list[Any], *, many: bool) -> Any:
+        tx.flush()  # what was deferred goes first, in its order
         dbapi_connection: Any = tx.conn.connection.dbapi_connection
         cursor = dbapi_connection.cursor()
         dialect = tx.conn.dialect

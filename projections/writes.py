@@ -118,7 +118,8 @@ class JobWrites:
                 "openai": submission.openai,
                 "created_at": now,
             }
-            prepared(tx, ("insert_prompt",), lambda: insert(PROMPTS)).run(tx, prompt)
+            # Sent with the batch's other submits at the commit (WriteTx.defer).
+            prepared(tx, ("insert_prompt",), lambda: insert(PROMPTS)).defer(tx, prompt)
             for position, parent_id in enumerate(submission.after):
                 tx.execute(
                     insert(PROMPT_PARENTS),
@@ -230,9 +231,11 @@ class JobWrites:
 
     @staticmethod
     def insert_job(tx: WriteTx, job: Job, now: datetime) -> None:
+        """The new job's row and its first event, sent with the transaction's next
+        statement or its commit (nothing reads them back before)."""
         statement = prepared(tx, ("insert_job",), lambda: insert(JOBS))
-        statement.run(tx, {c.key: getattr(job, c.key) for c in JOBS.c})
-        append_event(tx, job, job.last_event_id, now)
+        statement.defer(tx, {c.key: getattr(job, c.key) for c in JOBS.c})
+        append_event(tx, job, job.last_event_id, now, defer=True)
 
     async def retry(
         self,

@@ -103,3 +103,35 @@ async def test_a_burst_of_dispatch_marks_all_land(projection: Projection) -> Non
     ]
     await asyncio.gather(*(store.mark_dispatched(job_id) for job_id in jobs))
     assert await store.undispatched() == []
+
+
+async def test_submits_sent_at_the_commit_still_answer_each_caller(
+    projection: Projection,
+) -> None:
+    """A group commit's submits insert their prompts, jobs and events together at its
+    commit (WriteTx.defer): a key used twice in one batch fails there, and only its own
+    caller hears of it (the second is answered as a replay of the first)."""
+    writes = projection.projector.writes
+    batches: list[int] = []
+    run = writes.writer.run
+
+    def counting(batch, max_hold_s=None):  # type: ignore[no-untyped-def]
+        batches.append(len(batch))
+        return run(batch, max_hold_s)
+
+    writes.writer.run = counting  # type: ignore[method-assign]
+    keyed = Submission("same", 50, 3, {}, idempotency_key="k-twice")
+    accepted = await asyncio.gather(
+        *(projection.store.submit(ALICE, Submission(f"p{i}", 50, 3, {})) for i in range(10)),
+        projection.store.submit(ALICE, keyed),
+        projection.store.submit(ALICE, keyed),
+    )
+    assert max(batches) > 1  # they shared a transaction, and it failed at its commit
+    first, second = accepted[-2:]
+    assert first.job.job_id == second.job.job_id and first.created != second.created
+    page = await projection.store.undispatched()
+    assert len({job.job_id for job in page}) == 11
+    for submitted in accepted:
+        job = await projection.store.job(ALICE, submitted.job.job_id)
+        events = await projection.store.job_events(ALICE, job.job_id)
+        assert job.state is JobState.QUEUED and [e.state for e in events] == [JobState.QUEUED]
