@@ -1,10 +1,11 @@
 """Submit latency against `promptjobs dev` itself, as a newcomer runs it: POST /v1/prompts
 p50/p99 at concurrency 1 and 32 while the submitted 2 s fake jobs stream their answers.
 
-    .venv/bin/python -m bench.dev_latency
+    .venv/bin/python -m bench.dev_latency [httpx]
 
 Starts `promptjobs dev --no-ui` in a scratch folder on free ports, loads it over HTTP from
-this process (aiohttp, keep-alive), stops it with Ctrl-C's signal."""
+this process (aiohttp, keep-alive; `httpx`: an httpx client, as many users' code sends it),
+stops it with Ctrl-C's signal."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ REQUESTS = {1: 300, 32: 960}
 WARMUP = 20
 BODY: dict[str, object] = {"options": {"fake": {"latency_ms": 2000}}}
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
+WITH_HTTPX = "httpx" in sys.argv[1:]
 
 
 async def main() -> Report:
@@ -32,7 +34,7 @@ async def main() -> Report:
             "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
             "adapter": "fake, latency_ms=2000 (streams a word at a time)",
             "stack": "`promptjobs dev --no-ui` as shipped, SQLite, in a scratch folder",
-            "client": "aiohttp in the bench process, keep-alive",
+            "client": ("httpx" if WITH_HTTPX else "aiohttp") + " in the bench process, keep-alive",
         },
     )
     report.start()
@@ -57,10 +59,11 @@ async def main() -> Report:
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{api_port}",
                 headers={"Authorization": f"Bearer {key}"},
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
             ) as http:
                 await submit_many(http, WARMUP, 1, BODY)
                 for concurrency, n in REQUESTS.items():
-                    latencies = await submit_many(http, n, concurrency, BODY)
+                    latencies = await submit_many(http, n, concurrency, BODY, with_httpx=WITH_HTTPX)
                     goal = "p99 < 25 ms" if concurrency == 1 else "p99 < 100 ms"
                     report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
                     report.add(f"c={concurrency} p99", ms(percentile(latencies, 99)), goal)

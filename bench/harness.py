@@ -96,13 +96,16 @@ class Args:
     not on SQLite); `embedded` (the API and the worker in one process, as `promptjobs dev`
     ran them before its worker had a process of its own; `bench.dev_latency` measures `dev`);
     `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`);
-    `noworker` (no worker runs: the jobs stay queued; `bench.submit_latency` only)."""
+    `noworker` (no worker runs: the jobs stay queued; `bench.submit_latency` only);
+    `httpx` (the load from an httpx client, as many users' code sends it, instead of aiohttp;
+    `bench.submit_latency` and `bench.dev_latency`)."""
 
     count: int
     backend: str
     embedded: bool
     pinned: bool = False
     no_worker: bool = False
+    httpx_client: bool = False
 
     @property
     def stack(self) -> str:
@@ -113,12 +116,12 @@ class Args:
 
 def args(default_count: int) -> Args:
     words = sys.argv[1:]
-    known = ("sqlite", "postgresql", "embedded", "pinned", "noworker")
+    known = ("sqlite", "postgresql", "embedded", "pinned", "noworker", "httpx")
     unknown = [w for w in words if not w.isdigit() and w not in known]
     if unknown:
         raise SystemExit(
             f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded] [pinned] "
-            "[noworker]"
+            "[noworker] [httpx]"
         )
     counts = [int(w) for w in words if w.isdigit()]
     return Args(
@@ -127,6 +130,7 @@ def args(default_count: int) -> Args:
         embedded="embedded" in words,
         pinned="pinned" in words,
         no_worker="noworker" in words,
+        httpx_client="httpx" in words,
     )
 
 
@@ -449,13 +453,21 @@ async def wait_settled(
 
 
 async def submit_many(
-    http: httpx.AsyncClient, n: int, concurrency: int, body: dict[str, object]
+    http: httpx.AsyncClient,
+    n: int,
+    concurrency: int,
+    body: dict[str, object],
+    *,
+    with_httpx: bool = False,
 ) -> list[float]:
     """Submit `n` prompts with `concurrency` in flight; each request's latency in seconds.
 
     The load comes from aiohttp on `http`'s base URL and headers, not from httpx itself: at
     32 in flight httpx's client took more CPU than the API on this 2-core machine and doubled
-    the latencies it reported (bench/README.md)."""
+    the latencies it reported (bench/README.md). `with_httpx`: from `http` all the same, as
+    a user's httpx code sends it (the client's own CPU then counts in the figures)."""
+    if with_httpx:
+        return await _submit_many_httpx(http, n, concurrency, body)
     latencies: list[float] = []
     queue = iter(range(n))
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -475,6 +487,24 @@ async def submit_many(
                     raise RuntimeError(f"submit answered {r.status}: {text}")
 
         await asyncio.gather(*(submitter() for _ in range(concurrency)))
+    return latencies
+
+
+async def _submit_many_httpx(
+    http: httpx.AsyncClient, n: int, concurrency: int, body: dict[str, object]
+) -> list[float]:
+    latencies: list[float] = []
+    queue = iter(range(n))
+
+    async def submitter() -> None:
+        for i in queue:
+            started = time.perf_counter()
+            response = await http.post("/v1/prompts", json={**body, "prompt": f"bench {i}"})
+            latencies.append(time.perf_counter() - started)
+            if response.status_code != 202:
+                raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
+
+    await asyncio.gather(*(submitter() for _ in range(concurrency)))
     return latencies
 
 

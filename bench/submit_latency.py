@@ -33,7 +33,8 @@ async def main() -> Report:
             "adapter": "fake, latency_ms=2000",
             "stack": f"{ARGS.stack}, dev server on disk (WAL)"
             + ("; no worker (the jobs stay queued)" if ARGS.no_worker else ""),
-            "client": "aiohttp in the bench process, keep-alive",
+            "client": ("httpx" if ARGS.httpx_client else "aiohttp")
+            + " in the bench process, keep-alive",
         },
     )
     report.start()
@@ -47,7 +48,7 @@ async def main() -> Report:
         await submit_many(http, WARMUP, 1, BODY)
         for concurrency, n in REQUESTS.items():
             meter = CpuMeter()
-            latencies = await submit_many(http, n, concurrency, BODY)
+            latencies = await submit_many(http, n, concurrency, BODY, with_httpx=ARGS.httpx_client)
             report.add(f"c={concurrency} CPU", meter.per(n, "submit"))
             goal = "p99 < 25 ms (seed: < 100 ms)" if concurrency == 1 else "seed: p99 < 100 ms"
             report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
