@@ -157,3 +157,47 @@ async def test_a_prompt_written_before_conversations_runs_as_one_user_message(
         {"role": "system", "content": "Be brief"},
         {"role": "user", "content": "hello from before"},
     ]
+
+
+def test_rows_of_0017_upgrade_and_schema_mismatch_is_a_known_error_kind(tmp_path: Path) -> None:
+    """A failed job and its streamed output written by schema 0017 read as they
+    were after 0018 (streamed tool calls) and 0019 (the error kind schema_mismatch, which
+    rebuilds the jobs table's CHECK on SQLite); the new kind is taken, an unknown one not."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    config = alembic_config(url)
+    command.upgrade(config, "0017")
+    engine = create_engine(sync_url(url))
+    job = (
+        "INSERT INTO jobs (job_id, prompt_id, org, author, state, priority, attempt, "
+        "max_attempts, progress_rank, error_kind, error_message, created_at, updated_at, "
+        "last_event_id) VALUES (:job_id, 'pmt_old', 'acme', 'alice', 'failed', 50, 1, 3, 3, "
+        ":kind, 'x', '2026-01-01 00:00:00', '2026-01-01 00:00:00', 1)"
+    )
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO prompts (prompt_id, org, author, text, options, created_at) "
+                    "VALUES ('pmt_old', 'acme', 'alice', 'hi', '{}', '2026-01-01 00:00:00')"
+                )
+            )
+            connection.execute(text(job), {"job_id": "job_old", "kind": "timeout"})
+            connection.execute(
+                text(
+                    "INSERT INTO job_outputs (job_id, attempt, text, length, updated_at) "
+                    "VALUES ('job_old', 1, 'half', 4, '2026-01-01 00:00:00')"
+                )
+            )
+        command.upgrade(config, "head")
+        with engine.begin() as connection:
+            kind = connection.execute(text("SELECT error_kind FROM jobs")).scalar_one()
+            output = connection.execute(text("SELECT text, tool_calls FROM job_outputs")).one()
+            assert (kind, tuple(output)) == ("timeout", ("half", None))
+            connection.execute(text(job), {"job_id": "job_new", "kind": "schema_mismatch"})
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            connection.execute(text(job), {"job_id": "job_bad", "kind": "bogus"})
+    finally:
+        engine.dispose()
