@@ -80,7 +80,7 @@ async def test_a_streamed_call_sends_text_then_usage_then_done(
 async def test_a_streamed_tool_call_arrives_in_pieces(provider_stack: Stack, model: str) -> None:
     stream = await sdk(provider_stack).chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": f"weather? {uuid.uuid4().hex} mock:chunk_ms=50"}],
+        messages=[{"role": "user", "content": f"weather? {uuid.uuid4().hex} mock:chunk_ms=150"}],
         tools=[WEATHER],
         stream=True,
     )
@@ -188,7 +188,7 @@ async def test_a_responses_agent_loop_continues_from_the_previous_response(
 async def test_a_streamed_response_sends_its_function_call_events(provider_stack: Stack) -> None:
     stream = await sdk(provider_stack).responses.create(
         model="openai/gpt-test",
-        input=f"weather? {uuid.uuid4().hex} mock:chunk_ms=50",
+        input=f"weather? {uuid.uuid4().hex} mock:chunk_ms=150",
         tools=[RESPONSES_TOOL],
         stream=True,
     )

@@ -259,7 +259,7 @@ async def test_the_sdks_stream_helpers_show_the_json_grow_and_parse_it(
     provider_stack: Stack, model: str
 ) -> None:
     client = sdk(provider_stack)
-    question = f"Classify {uuid.uuid4().hex} mock:chunk_ms=20"
+    question = f"Classify {uuid.uuid4().hex} mock:chunk_ms=150"
     async with client.chat.completions.stream(
         model=model, messages=[{"role": "user", "content": question}], response_format=Ticket
     ) as chat:
@@ -270,7 +270,7 @@ async def test_the_sdks_stream_helpers_show_the_json_grow_and_parse_it(
         and json.loads("".join(pieces)) == final.choices[0].message.parsed.model_dump()
     )  # type: ignore[union-attr]
     async with client.responses.stream(
-        model=model, input=f"Classify {uuid.uuid4().hex} mock:chunk_ms=20", text_format=Ticket
+        model=model, input=f"Classify {uuid.uuid4().hex} mock:chunk_ms=150", text_format=Ticket
     ) as responses:
         deltas = [e.delta async for e in responses if e.type == "response.output_text.delta"]
         done = await responses.get_final_response()
