@@ -21,7 +21,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from activities.adapters.conversation import FunctionCall, Messages, ToolCall
-from activities.adapters.json_types import JSON_INTEGER, NO_NUL, STRICT_BODY
+from activities.adapters.json_types import JSON_INTEGER, NO_NUL, STRICT_BODY, refuse_null
 from activities.adapters.options import PromptOptions
 from projections.domain.chains import MAX_PARENTS
 from projections.domain.lifecycle import JobState
@@ -116,9 +116,7 @@ class SubmitPrompt(BaseModel):
     @field_validator("prompt", "messages", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise PydanticCustomError("null", "leave the field out rather than send null")
-        return value
+        return refuse_null(value)
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> SubmitPrompt:
@@ -282,18 +280,6 @@ class AttemptOut(BaseModel):
         description="A `schema_mismatch` attempt's validation errors (its answer went back "
         "to the model with them, as the next attempt's repair turn)",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _errors_of_detail(cls, value: Any) -> Any:
-        # The record keeps a miss's answer and errors together (AttemptRecord.detail).
-        detail = getattr(value, "detail", None)
-        if isinstance(detail, dict) and "errors" in detail:
-            return {
-                **{name: getattr(value, name) for name in cls.model_fields if hasattr(value, name)},
-                "errors": detail["errors"],
-            }
-        return value
 
 
 class SchemaErrorOut(BaseModel):

@@ -320,6 +320,12 @@ class AttemptRecord(Base):
     # message}]}): the next attempt's repair turn, and the attempts endpoint's word.
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
+    @property
+    def errors(self) -> list[dict[str, str]] | None:
+        """A schema_mismatch attempt's validation errors (path, message), from `detail`."""
+        errors: list[dict[str, str]] | None = (self.detail or {}).get("errors")
+        return errors
+
 
 class WorkerProcess(Base):
     """One worker process: what it runs with and when it last said it was alive. Each row is

@@ -133,8 +133,12 @@ def append_outputs(tx: WriteTx, batches: list[OutputBatch], now: datetime) -> li
         # The next batch of the same job (a later flush in one transaction) goes on from here.
         job.output_attempt, job.output_length = batch.attempt, batch.offset + len(batch.text)
         job.output_calls = calls
-        data: dict[str, Any] = {"job_id": batch.job_id, "attempt": batch.attempt}
-        data.update(offset=batch.offset, text=batch.text)
+        data: dict[str, Any] = {
+            "job_id": batch.job_id,
+            "attempt": batch.attempt,
+            "offset": batch.offset,
+            "text": batch.text,
+        }
         if batch.tool_calls is not None:
             data["tool_calls"] = batch.tool_calls
         logged.append((job, data))

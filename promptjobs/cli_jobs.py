@@ -266,7 +266,7 @@ def _excerpt(text: str) -> str:
 
 def _outcome(attempt: AttemptRecord) -> str:
     """An attempt's outcome, and a schema miss's first error (its place and fault)."""
-    errors = (attempt.detail or {}).get("errors") or []
+    errors = attempt.errors
     if not errors:
         return attempt.outcome
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -297,7 +297,7 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "duration_ms": attempt.duration_ms,
         "started_at": iso(attempt.started_at),
         "via": attempt.via,
-        "errors": (attempt.detail or {}).get("errors"),
+        "errors": attempt.errors,
     }
 
 

@@ -25,3 +25,13 @@ def _json_integer(value: Any) -> Any:
 
 # Bounds go before it in `Annotated`, or pydantic leaves them out of the JSON schema.
 JSON_INTEGER = (Strict(False), BeforeValidator(_json_integer))
+
+
+def refuse_null(value: Any, field: str = "the field") -> Any:
+    """A field that may be left out but not sent as null (its type has
+    `SkipJsonSchema[None]`, so the OpenAPI document says so): a before-validator's body."""
+    if value is None:
+        raise PydanticCustomError(
+            "null", "leave {field} out rather than send null", {"field": field}
+        )
+    return value

@@ -22,7 +22,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from activities.adapters.conversation import FUNCTION_NAME, check_schema
-from activities.adapters.json_types import STRICT_BODY
+from activities.adapters.json_types import STRICT_BODY, refuse_null
 
 # A schema's bounds: its JSON text, and how deep its objects and arrays nest.
 MAX_SCHEMA_BYTES = 64_000
@@ -59,15 +59,13 @@ class OutputSchema(BaseModel):
     @field_validator("schema_", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
-        if value is None:
-            raise PydanticCustomError("null", "leave `schema` out rather than send null")
-        return value
+        return refuse_null(value, "`schema`")
 
     @model_validator(mode="after")
     def _schema_fits(self) -> OutputSchema:
         if self.schema_ is None:
             return self
-        size = len(json.dumps(self.schema_))
+        size = len(self.schema_text)
         if size > MAX_SCHEMA_BYTES:
             raise PydanticCustomError(
                 "schema_too_large",
@@ -90,9 +88,14 @@ class OutputSchema(BaseModel):
         return self
 
     @cached_property
+    def schema_text(self) -> str:
+        """The answer's schema as JSON text (keys sorted): its size, and its validator's key."""
+        return json.dumps(self.json_schema, sort_keys=True)
+
+    @cached_property
     def validator(self) -> jsonschema_rs.Draft202012Validator:
         """The validator of the answer's schema (shared by every job of the same schema)."""
-        return compiled_validator(json.dumps(self.json_schema, sort_keys=True))
+        return compiled_validator(self.schema_text)
 
     @property
     def any_object(self) -> bool:
@@ -128,9 +131,9 @@ class Miss:
 
 
 @functools.lru_cache(maxsize=256)
-def compiled_validator(schema_json: str) -> jsonschema_rs.Draft202012Validator:
+def compiled_validator(schema_text: str) -> jsonschema_rs.Draft202012Validator:
     """The schema's validator, built once per schema in a process (its JSON text the key)."""
-    return jsonschema_rs.Draft202012Validator(json.loads(schema_json))
+    return jsonschema_rs.Draft202012Validator(json.loads(schema_text))
 
 
 def check_answer(
