@@ -17,6 +17,7 @@ from projections.event_log import utcnow
 from projections.group_commit import GroupCommit, WriteTx
 from projections.models import ApiKey, Base
 from projections.scope import Scope
+from projections.shared_reads import SharedReads
 
 KEYS = Base.metadata.tables[ApiKey.__tablename__]
 ROLES = ("member", "admin")
@@ -137,12 +138,21 @@ class KeyCache:
 
     Only successes are kept (a wrong token costs a lookup each time, and cannot fill the
     cache), by the token's hash, at most `max_keys` of them, least recently used out first.
-    A revoked key therefore stops working within `ttl_s` in every API process."""
+    A revoked key therefore stops working within `ttl_s` in every API process: an entry
+    lasts `ttl_s` from the start of the lookup that made it.
+
+    Under load a busy key never expires on the request path: the first request in the last
+    `REFRESH_AHEAD` of an entry's time looks it up again while the others go on with it, and
+    the requests that do find it expired share one lookup (`SharedReads`)."""
+
+    REFRESH_AHEAD = 0.2
 
     def __init__(self, ttl_s: float = 5.0, max_keys: int = 10_000) -> None:
         self.ttl_s = ttl_s
         self.max_keys = max_keys
         self._verified: OrderedDict[str, tuple[float, Scope]] = OrderedDict()
+        self._lookups: SharedReads[str, Scope | None] = SharedReads()
+        self.lookups = 0
 
     async def authenticate(self, keys: KeyStore, token: str) -> Scope | None:
         digest = _hash(token)
@@ -150,11 +160,21 @@ class KeyCache:
         hit = self._verified.get(digest)
         if hit is not None and hit[0] > now:
             self._verified.move_to_end(digest)
-            return hit[1]
-        self._verified.pop(digest, None)
+            if hit[0] - now > self.ttl_s * self.REFRESH_AHEAD or self._lookups.pending(digest):
+                return hit[1]
+        else:
+            self._verified.pop(digest, None)
+        return await self._lookups.read(digest, lambda: self._look_up(keys, token, digest))
+
+    async def _look_up(self, keys: KeyStore, token: str, digest: str) -> Scope | None:
+        started = time.monotonic()
+        self.lookups += 1
         scope = await keys.authenticate(token)
-        if scope is not None and self.ttl_s > 0:
-            self._verified[digest] = (now + self.ttl_s, scope)
+        if scope is None:
+            self._verified.pop(digest, None)  # revoked meanwhile: not another request more
+        elif self.ttl_s > 0:
+            self._verified[digest] = (started + self.ttl_s, scope)
+            self._verified.move_to_end(digest)
             while len(self._verified) > self.max_keys:
                 self._verified.popitem(last=False)
         return scope

@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     once, the Web UI's pending activity too."""
     dispatcher_interval_s: float = 2.0
     """How often the API's dispatcher scans for jobs whose workflow is not started yet."""
+    dispatcher_max_starts: int = Field(default=64, ge=1)
+    """Workflow starts an API process has on their way to Temporal at once. A burst of
+    submits faster than Temporal starts workflows waits in the process, most urgent first
+    (the jobs are accepted and `queued` meanwhile); more at once only makes every start
+    slower and the API's memory larger."""
     reconciler_interval_s: float = 30.0
     """How often the reconciler compares unsettled rows with their workflows."""
     reconciler_grace_s: float = 60.0

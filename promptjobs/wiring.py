@@ -179,6 +179,7 @@ def build_dispatcher(settings: Settings, client: Client, projection: Projection)
         reconcile_grace_s=settings.reconciler_grace_s,
         org_max_running=settings.org_max_running,
         worker_heartbeat_s=settings.worker_heartbeat_s,
+        max_starts=settings.dispatcher_max_starts,
     )
 
 

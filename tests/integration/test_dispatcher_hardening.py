@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    StartWorkflowInput,
+    WorkflowExecutionStatus,
+)
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
@@ -233,6 +239,81 @@ async def test_a_start_temporal_refuses_ends_the_job_and_stops_nothing_else(
     about_bad = [r.getMessage() for r in caplog.records if bad.job_id in r.getMessage()]
     assert len(about_bad) == 1, about_bad
     assert not any("unreachable" in r.getMessage() for r in caplog.records)
+
+
+class StartRecorder(Interceptor):
+    """The client's workflow starts as Temporal receives them: their order and how many
+    were on their way at once."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+        self.in_flight = 0
+        self.most_at_once = 0
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        recorder = self
+
+        class Recorded(OutboundInterceptor):
+            async def start_workflow(self, input: StartWorkflowInput) -> Any:
+                recorder.order.append(input.id)
+                recorder.in_flight += 1
+                recorder.most_at_once = max(recorder.most_at_once, recorder.in_flight)
+                try:
+                    return await super().start_workflow(input)
+                finally:
+                    recorder.in_flight -= 1
+
+        return Recorded(next)
+
+
+async def test_a_burst_of_submits_starts_each_workflow_once_the_most_urgent_first(
+    quiet_stack: Stack,
+) -> None:
+    stack = quiet_stack
+    recorder = StartRecorder()
+    client = Client(
+        stack.client.service_client,
+        namespace=stack.client.namespace,
+        interceptors=[recorder],
+    )
+    dispatcher = dispatcher_of(stack, client, dispatcher_max_starts=4)
+    routine = [await accept(stack, priority=50) for _ in range(24)]
+    urgent = [await accept(stack, priority=0) for _ in range(4)]
+
+    for job in routine + urgent:  # as the API hands them over, one request after another
+        dispatcher.kick(job)
+    assert await dispatcher.scan_once() == 0  # the kicked ones are on their way already
+
+    burst = {job.job_id for job in routine + urgent}
+    await eventually(
+        lambda: stack.projection.store.undispatched(100),
+        lambda jobs: not burst & {job.job_id for job in jobs},
+    )
+    assert sorted(recorder.order) == sorted(burst)  # each started once
+    assert set(recorder.order[:4]) == {job.job_id for job in urgent}
+    assert recorder.most_at_once == 4
+
+
+async def test_one_orgs_burst_does_not_hold_another_orgs_starts_behind_it(
+    quiet_stack: Stack,
+) -> None:
+    stack = quiet_stack
+    recorder = StartRecorder()
+    client = Client(
+        stack.client.service_client,
+        namespace=stack.client.namespace,
+        interceptors=[recorder],
+    )
+    dispatcher = dispatcher_of(stack, client, dispatcher_max_starts=2)
+    burst = [await accept(stack, Scope("initech", "ida")) for _ in range(20)]
+    others = [await accept(stack) for _ in range(4)]
+
+    for job in burst + others:
+        dispatcher.kick(job)
+    await eventually(lambda: asyncio.sleep(0, len(recorder.order)), lambda n: n == 24)
+
+    # The two orgs take turns: the other org's four are among the first eight starts.
+    assert {job.job_id for job in others} <= set(recorder.order[:8])
 
 
 async def test_an_org_longer_than_a_fairness_key_runs_its_jobs(stack: Stack) -> None:
