@@ -43,6 +43,7 @@ from activities.budgets import WorkerBudgets, estimate_tokens, input_estimate
 from activities.contracts import (
     ATTEMPT_REPORTED,
     JOB_CLOSED,
+    MOVED_ON,
     PROVIDER_BUSY,
     AdapterCall,
     AdapterOutcome,
@@ -57,6 +58,7 @@ from projections import metrics
 from projections.budgets import Draw
 from projections.domain.chains import substitute
 from projections.domain.lifecycle import (
+    OUTAGE_KINDS,
     AttemptResult,
     BackoffPolicy,
     End,
@@ -274,6 +276,8 @@ class Attempt:
         # it is the call that learns its provider's limits (projections/budgets.py, probes).
         self.draw = draw
         self.probing = probing
+        # How many places the job may run at (its own and its fallbacks').
+        self.places = 1
         self._calling: asyncio.Task[AttemptResult] | None = None
 
     @property
@@ -298,6 +302,7 @@ class Attempt:
             }
         )
         request = await self._request()
+        self.places = len(request.options.fallbacks or ()) + 1
         stream = self.tools.streams.open(self.job.job_id, self.number, self._stop)
         meter = AttemptMeter(
             self.tools.adapters, self.tools.prices, self.job.org, request, stream.output
@@ -538,6 +543,7 @@ class Attempt:
         activity.logger.warning("job %s attempt %d: %s", call.job_id, self.number, err.message)
         trace.get_current_span().set_attribute("promptjobs.error_kind", err.kind.value)
         settling = tools.settling
+        places = self.places
         step = settling.next_step(
             err.kind,
             err.message,
@@ -545,11 +551,22 @@ class Attempt:
             call.max_attempts,
             retry_after_s=err.retry_after_s,
             deadline_s=call.deadline_epoch_s,
+            elsewhere=places > 1,
+            reason=err.reason,
+            outage_streak=await self._outage_streak(err.kind, usage) if places > 1 else 0,
         )
         if isinstance(step, End):
             await self.running.done(send_now=True)
             await settling.usage(usage, tail)
             return adapter_failure(step.message, step.kind, non_retryable=True)
+        fallback = None
+        if step.moved_on is not None:
+            fallback = (self.job.fallback + 1) % places
+            usage = replace(usage, detail={**(usage.detail or {}), "moved_on": step.moved_on})
+            activity.logger.warning(
+                "job %s attempt %d: moving on to its place %d: %s",
+                call.job_id, self.number, fallback, step.moved_on,
+            )  # fmt: skip
         # The re-queue report follows the running one if that is on its way, never precedes
         # it; one not yet sent is dropped.
         await self.running.done()
@@ -561,9 +578,30 @@ class Attempt:
             delay_s=step.delay_s,
             usage=usage,
             tail=tail,
+            fallback=fallback,
         )
         await report_to_workflow(AttemptReport(JobState.QUEUED, self.number, err.kind))
-        return adapter_failure(err.message, err.kind, delay=timedelta(seconds=step.delay_s))
+        delay = timedelta(seconds=step.delay_s)
+        if not err.kind.is_retryable:
+            # A client error that moves the job on: retried elsewhere, though its kind is
+            # not retried in place (the workflow's retry policy names the kinds it is not).
+            return adapter_failure(err.message, MOVED_ON, delay=delay)
+        return adapter_failure(err.message, err.kind, delay=delay)
+
+    async def _outage_streak(self, kind: ErrorKind, usage: AttemptUsage) -> int:
+        """How many outage failures in a row this attempt's place has given the job, this
+        one included (the attempt before, if it ran at the same place and failed so)."""
+        if kind not in OUTAGE_KINDS:
+            return 0
+        before = await through_outages(
+            "read the attempt before",
+            lambda: self.tools.store.attempt_record(self.job.job_id, self.number - 1),
+        )
+        same_place = before is not None and (before.provider, before.model) == (
+            usage.provider,
+            usage.model,
+        )
+        return 2 if same_place and before is not None and before.outcome in OUTAGE_KINDS else 1
 
 
 # -- what an attempt tells Temporal and its workflow ---------------------------------------
@@ -683,13 +721,17 @@ def provider_busy(
 
 
 def adapter_failure(
-    message: str, kind: ErrorKind, *, non_retryable: bool = False, delay: timedelta | None = None
+    message: str,
+    kind: ErrorKind | str,
+    *,
+    non_retryable: bool = False,
+    delay: timedelta | None = None,
 ) -> ApplicationError:
     """A provider failure as Temporal sees it: its type is the error kind. Benign, because a
     provider failing is the normal business of this service (we log one line ourselves)."""
     return ApplicationError(
         message,
-        type=kind.value,
+        type=str(kind),
         non_retryable=non_retryable,
         next_retry_delay=delay,
         category=ApplicationErrorCategory.BENIGN,

@@ -124,6 +124,9 @@ SLOT_FREED = "slot_freed"
 # the number of the attempt the 429 ended (None: no call was made) and the seconds until
 # the room is expected.
 PROVIDER_BUSY = "provider_busy"
+# The type of a client error (its kind not retried in place) that moves the job on to its
+# next place (`options.fallbacks`): Temporal retries it there.
+MOVED_ON = "moved_on"
 
 
 @dataclass

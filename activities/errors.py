@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from projections.domain.lifecycle import ErrorKind
+from projections.domain.lifecycle import ErrorKind, Reason
 
 
 class AdapterError(Exception):
@@ -18,9 +18,13 @@ class AdapterError(Exception):
         *,
         retry_after_s: float | None = None,
         detail: dict[str, Any] | None = None,
+        reason: Reason | None = None,
     ):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.retry_after_s = retry_after_s
         self.detail = detail
+        # A client error that another place may not make (the model gone, a context window
+        # too small): the job moves on to its next place, if it has one.
+        self.reason = reason

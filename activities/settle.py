@@ -19,6 +19,7 @@ from projections.domain.lifecycle import (
     ErrorKind,
     FailedAttempt,
     JobState,
+    Reason,
     Retry,
     next_step,
 )
@@ -50,10 +51,23 @@ class Settling:
         *,
         retry_after_s: float | None = None,
         deadline_s: float = float("inf"),
+        elsewhere: bool = False,
+        reason: Reason | None = None,
+        outage_streak: int = 0,
     ) -> Retry | End:
-        """What a failed attempt leads to: another after a delay, or the job's end."""
+        """What a failed attempt leads to: another after a delay (at the job's next place,
+        if it moves on), or the job's end."""
         return next_step(
-            FailedAttempt(kind, message, attempt, max_attempts, retry_after_s),
+            FailedAttempt(
+                kind,
+                message,
+                attempt,
+                max_attempts,
+                retry_after_s,
+                elsewhere=elsewhere,
+                reason=reason,
+                outage_streak=outage_streak,
+            ),
             policy=self.backoff,
             now_s=time.time(),
             deadline_s=deadline_s,
@@ -78,10 +92,12 @@ class Settling:
         usage: AttemptUsage | None = None,
         tail: OutputBatch | None = None,
         counted: bool = True,
+        fallback: int | None = None,
     ) -> datetime:
         """`running → queued`: the next attempt `at` (else `delay_s` from now); when. Its
         usage is recorded, and counted in the metrics unless `counted` is False (a batch's
-        line the provider never ran consumed nothing)."""
+        line the provider never ran consumed nothing). `fallback`: the job's place from now
+        on, where it moves on."""
         next_at = at or datetime.now(UTC) + timedelta(seconds=delay_s)
         requeue = Transition(
             job_id,
@@ -90,6 +106,7 @@ class Settling:
             error_kind=kind,
             error_message=message,
             next_attempt_at=next_at,
+            fallback=fallback,
         )
         projector = self.store.projector
         await through_outages("re-queue", lambda: projector.apply(requeue, tail=tail, usage=usage))

@@ -16,8 +16,9 @@ PROBLEM_SCHEMAS = {PROBLEM_REF["$ref"], "#/components/schemas/HTTPValidationErro
 
 def exact_openapi(app: FastAPI, providers: Iterable[str]) -> dict[str, Any]:
     """Every error is `application/problem+json` with the ProblemDetails schema (FastAPI would
-    say application/json, and HTTPValidationError for 422), and `options.provider` lists the
-    providers this deployment runs, so a document-valid request is one the server accepts."""
+    say application/json, and HTTPValidationError for 422), and `options.provider` (and
+    each fallback's) lists the providers this deployment runs, so a document-valid request
+    is one the server accepts."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     document = get_openapi(
@@ -41,5 +42,9 @@ def exact_openapi(app: FastAPI, providers: Iterable[str]) -> dict[str, Any]:
         {"type": "string", "enum": sorted(providers)},
         {"type": "null"},
     ]
+    fallback = schemas["Fallback"]["properties"]["provider"]
+    for bound in ("minLength", "maxLength", "pattern"):
+        fallback.pop(bound, None)
+    fallback["enum"] = sorted(providers)
     app.openapi_schema = document
     return document

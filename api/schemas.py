@@ -280,6 +280,11 @@ class AttemptOut(BaseModel):
         description="A `schema_mismatch` attempt's validation errors (its answer went back "
         "to the model with them, as the next attempt's repair turn)",
     )
+    moved_on: str | None = Field(
+        default=None,
+        description="Why the next attempt ran at the job's next place (`options.fallbacks`): "
+        "this attempt's failure moved the job on",
+    )
 
 
 class SchemaErrorOut(BaseModel):

@@ -189,6 +189,9 @@ class Job(Base):
     # Why a queued job waits for provider capacity (projections/budgets.py), until about
     # `next_attempt_at`; null once it runs.
     waiting_for: Mapped[str | None] = mapped_column(Text)
+    # Which of its places the job runs at now: 0 its own provider and model, i the i-th of
+    # `options.fallbacks` (activities/adapters/options.py `on_target`).
+    fallback: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_event_id: Mapped[int] = mapped_column(EventId, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -325,6 +328,13 @@ class AttemptRecord(Base):
         """A schema_mismatch attempt's validation errors (path, message), from `detail`."""
         errors: list[dict[str, str]] | None = (self.detail or {}).get("errors")
         return errors
+
+    @property
+    def moved_on(self) -> str | None:
+        """Why the job's next attempt ran at its next place (`options.fallbacks`), where
+        this attempt's failure moved it on (`detail`)."""
+        why: str | None = (self.detail or {}).get("moved_on")
+        return why
 
 
 class WorkerProcess(Base):

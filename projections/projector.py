@@ -69,6 +69,8 @@ class Transition:
     superseded_by: str | None = None
     # A succeeded transition is only valid for the attempt that produced the result.
     require_current_attempt: bool = False
+    # A re-queue that moves the job to another of its places (`options.fallbacks`).
+    fallback: int | None = None
 
 
 @dataclass
@@ -136,6 +138,8 @@ def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
         )
     elif t.target is JobState.QUEUED:
         values["next_attempt_at"] = t.next_attempt_at
+        if t.fallback is not None:
+            values["fallback"] = t.fallback
     if t.error_kind is not None:
         values.update(error_kind=t.error_kind, error_message=t.error_message)
     if t.target is JobState.SUCCEEDED:
@@ -169,6 +173,7 @@ def _shape(t: Transition) -> tuple[Any, ...]:
         t.require_current_attempt,
         t.error_kind is not None,
         sources_of(t.target, t.error_kind),
+        t.fallback is not None,
     )
 
 

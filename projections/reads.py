@@ -143,6 +143,12 @@ class JobReads:
             )
             return (await session.execute(stmt)).scalar_one_or_none()
 
+    async def attempt_record(self, job_id: str, attempt: int) -> AttemptRecord | None:
+        """Attempt `attempt` of the job as it was recorded, if it was (a worker lost during
+        it recorded nothing)."""
+        async with self.sessions() as session:
+            return await session.get(AttemptRecord, (job_id, attempt))
+
     async def attempts(self, scope: Scope, job_id: str) -> tuple[Job, list[AttemptRecord]]:
         """The job and each of its attempts that recorded what it consumed, oldest first."""
         async with self.sessions() as session:

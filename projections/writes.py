@@ -216,6 +216,7 @@ class JobWrites:
             state=JobState.QUEUED,
             priority=priority,
             attempt=0,
+            fallback=0,
             max_attempts=max_attempts,
             options=options,
             # A chain's child waits on all its parents until its workflow has checked them.

@@ -265,12 +265,15 @@ def _excerpt(text: str) -> str:
 
 
 def _outcome(attempt: AttemptRecord) -> str:
-    """An attempt's outcome, and a schema miss's first error (its place and fault)."""
-    errors = attempt.errors
-    if not errors:
-        return attempt.outcome
-    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{attempt.outcome}: at {errors[0]['path']}: {errors[0]['message']}{more}"
+    """An attempt's outcome, a schema miss's first error (its place and fault), and why
+    the job moved on to its next place after it."""
+    said = attempt.outcome
+    if errors := attempt.errors:
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        said = f"{said}: at {errors[0]['path']}: {errors[0]['message']}{more}"
+    if attempt.moved_on:
+        said = f"{said}; moved on: {attempt.moved_on}"
+    return said
 
 
 def _answer(answer: Response) -> dict[str, Any]:
@@ -298,6 +301,7 @@ def _attempt(attempt: AttemptRecord) -> dict[str, Any]:
         "started_at": iso(attempt.started_at),
         "via": attempt.via,
         "errors": attempt.errors,
+        "moved_on": attempt.moved_on,
     }
 
 

@@ -42,7 +42,9 @@ from promptjobs.mock_batches import Api, BrokenLine, LineAnswer, MockBatches, ad
 from promptjobs.mock_conversation import Conversation, fragments, image_words, read_conversation
 
 # A step is an HTTP status to answer with, or one of these behaviours...
-Word = Literal["ok", "hang", "malformed", "reset"]
+# (`too_long`: the provider's refusal of a request over the model's context window;
+# `no_model`: its 404 for a model it does not serve, each in the provider's own words.)
+Word = Literal["ok", "hang", "malformed", "reset", "too_long", "no_model"]
 # ...or, for a streamed answer, a failure after n chunks: `reset@3`, `500@3`, `truncate@0`.
 MID_STREAM = re.compile(r"^(hang|malformed|reset|truncate|[45]\d\d)@(\d{1,6})$")
 Step = (
@@ -579,6 +581,21 @@ async def _answer(
         return Response(b'{"id": "truncated", "choi', media_type="application/json")
     if step == "reset":
         return ConnectionReset()
+    if step == "too_long":
+        said = (
+            "This model's maximum context length is 128000 tokens. However, your messages "
+            "resulted in 130000 tokens. Please reduce the length of the messages."
+            if api == "openai"
+            else "prompt is too long: 210000 tokens > 200000 maximum"
+        )
+        return _error(api, 400, said, code="context_length_exceeded")
+    if step == "no_model":
+        said = (
+            f"The model `{call.model}` does not exist or you do not have access to it."
+            if api == "openai"
+            else f"model: {call.model}"
+        )
+        return _error(api, 404, said, code="model_not_found")
     assert isinstance(step, int)
     headers = {}
     if step == 429:
@@ -635,10 +652,10 @@ ANTHROPIC_TYPES = {
 OPENAI_CODES = {401: "invalid_api_key", 429: "rate_limit_exceeded"}
 
 
-def _error_body(api: Api, status: int, message: str) -> dict[str, Any]:
+def _error_body(api: Api, status: int, message: str, code: str | None = None) -> dict[str, Any]:
     if api == "openai":
         kind = "invalid_request_error" if status < 500 else "server_error"
-        code = OPENAI_CODES.get(status)
+        code = code or OPENAI_CODES.get(status)
         return {"error": {"message": message, "type": kind, "param": None, "code": code}}
     fallback = "api_error" if status >= 500 else "invalid_request_error"
     return {
@@ -647,10 +664,17 @@ def _error_body(api: Api, status: int, message: str) -> dict[str, Any]:
     }
 
 
-def _error(api: Api, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+def _error(
+    api: Api,
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    code: str | None = None,
+) -> Response:
     name = "x-request-id" if api == "openai" else "request-id"
     return Response(
-        json.dumps(_error_body(api, status, message)),
+        json.dumps(_error_body(api, status, message, code)),
         status_code=status,
         media_type="application/json",
         headers={name: _request_id(), **(headers or {})},

@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from activities.adapters.conversation import Message, one_message
-from activities.adapters.options import PromptOptions
+from activities.adapters.options import PromptOptions, targets
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import AttemptResult
 
@@ -282,7 +282,13 @@ class AdapterRegistry:
         """A job's options as its JSON says them, parsed once into their model and checked
         against their provider; InvalidOptions names every bad field (`options.field: why`)."""
         parsed = parse_options(PromptOptions, dict(options), "options")
-        self.get(parsed).check(parsed)
+        for index, target in enumerate(targets(parsed)):
+            try:
+                self.get(target).check(target)
+            except InvalidOptions as err:
+                if index == 0:
+                    raise
+                raise InvalidOptions(f"options.fallbacks[{index - 1}]: {err}") from err
         return parsed
 
     def validate(self, options: Mapping[str, Any]) -> None:

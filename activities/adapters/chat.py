@@ -18,7 +18,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from activities.adapters.base import InvalidOptions, StreamedOutput
 from activities.adapters.options import PromptOptions
 from activities.errors import AdapterError
-from projections.domain.lifecycle import AttemptResult, ErrorKind
+from projections.domain.lifecycle import AttemptResult, ErrorKind, Reason
 
 A = TypeVar("A", bound=BaseModel)
 
@@ -128,7 +128,33 @@ def status_failure(
         kind,
         f"{provider}: HTTP {status}: {detail[:DETAIL_LIMIT]}{where}",
         retry_after_s=retry_after_s(headers) if kind is ErrorKind.RATE_LIMIT else None,
+        reason=client_reason(status, detail),
     )
+
+
+# How OpenAI-compatible servers and Anthropic word a request over the model's window
+# (OpenAI: "This model's maximum context length is …", code context_length_exceeded;
+# Anthropic: "prompt is too long: … tokens > … maximum"; vLLM and others: "… context length").
+CONTEXT_WORDS = (
+    "context length",
+    "context_length",
+    "context window",
+    "prompt is too long",
+    "input is too long",
+    "too many tokens",
+)
+
+
+def client_reason(status: int, detail: str) -> Reason | None:
+    """What a client error says that another place may not say: the model is gone (a 404
+    naming the model: OpenAI's "The model `x` does not exist", Anthropic's "model: x"), or
+    the request is over the model's context window (a 400 or 413 saying so)."""
+    text = detail.lower()
+    if status in (400, 413) and any(words in text for words in CONTEXT_WORDS):
+        return Reason.CONTEXT_LENGTH
+    if status == 404 and "model" in text:
+        return Reason.MODEL_GONE
+    return None
 
 
 def transport_failure(

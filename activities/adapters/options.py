@@ -35,6 +35,25 @@ class FakeOptions(BaseModel):
     )
 
 
+# How many other places a job may name to run in (`options.fallbacks`).
+MAX_FALLBACKS = 4
+
+
+class Fallback(BaseModel):
+    """Another place a job may run: a provider of this deployment, and a model of it."""
+
+    model_config = STRICT_BODY
+
+    provider: str = Field(min_length=1, max_length=32, pattern=NO_NUL)
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=NO_NUL,
+        description="Default: the provider's default model",
+    )
+
+
 class PromptOptions(BaseModel):
     """How to run the prompt. `provider` is one of this deployment's providers."""
 
@@ -67,6 +86,14 @@ class PromptOptions(BaseModel):
         description="The answer must be JSON matching this schema: validated on every "
         "answer; a miss (`schema_mismatch`) runs again with a repair turn",
     )
+    fallbacks: list[Fallback] | None = Field(
+        default=None,
+        max_length=MAX_FALLBACKS,
+        description="Where else the job may run, in order: when its provider is out (it "
+        "failed twice in a row with provider_5xx or timeout), or says the model is gone or "
+        "the request is over its context window, the next attempt runs on the next of "
+        "these (the whole request unchanged), and after the last on the first again",
+    )
     fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
     deferrable: bool | None = Field(
         default=None,
@@ -81,6 +108,22 @@ class PromptOptions(BaseModel):
         return self
 
 
+def targets(options: PromptOptions) -> list[PromptOptions]:
+    """Every place the job may run, in order: its own provider and model, then its
+    fallbacks', each as the options an attempt there runs with."""
+    return [options] + [
+        options.model_copy(update={"provider": f.provider, "model": f.model})
+        for f in options.fallbacks or ()
+    ]
+
+
+def on_target(options: PromptOptions, index: int) -> PromptOptions:
+    """The options of the job's `index`-th place (0: its own), going round past the last."""
+    if not options.fallbacks or index == 0:
+        return options
+    return targets(options)[index % (len(options.fallbacks) + 1)]
+
+
 def options_of(job: Job, prompt: Prompt) -> tuple[PromptOptions, str | None]:
     """The options a job runs with, as their model, parsed once from its stored JSON (which
     passed the same model at submission; a row from before migration 0004 has none of its
@@ -89,7 +132,7 @@ def options_of(job: Job, prompt: Prompt) -> tuple[PromptOptions, str | None]:
     fails as `provider_4xx`, saying so)."""
     stored = job_options(job, prompt)
     try:
-        return PromptOptions.model_validate(stored), None
+        return on_target(PromptOptions.model_validate(stored), job.fallback or 0), None
     except ValidationError as err:
         provider, model = stored.get("provider"), stored.get("model")
         why = "; ".join(

@@ -219,9 +219,26 @@ class BackoffPolicy:
 
 @dataclass(frozen=True)
 class Retry:
-    """Run another attempt after `delay_s`; meanwhile the job is queued."""
+    """Run another attempt after `delay_s`; meanwhile the job is queued. `moved_on`: why
+    that attempt runs at the job's next place (`options.fallbacks`), or None."""
 
     delay_s: float
+    moved_on: str | None = None
+
+
+# Failures that say the provider is out rather than that the request is wrong: with a place
+# to move to, a job moves on after OUTAGE_STREAK of them in a row at one place (the first
+# is retried there: most outages are blips).
+OUTAGE_KINDS = frozenset({ErrorKind.PROVIDER_5XX, ErrorKind.TIMEOUT})
+OUTAGE_STREAK = 2
+
+
+class Reason(StrEnum):
+    """What a provider's client error says, where moving elsewhere can cure it (a failure
+    of kind `provider_4xx`, which is not retried in the same place)."""
+
+    CONTEXT_LENGTH = "context_length"  # the request is over the model's window
+    MODEL_GONE = "model_gone"  # the provider does not serve the model (any more)
 
 
 @dataclass(frozen=True)
@@ -242,6 +259,26 @@ class FailedAttempt:
     attempt: int
     max_attempts: int
     retry_after_s: float | None = None
+    # Moving on: whether the job has another place to run, the provider's reason for a
+    # client error, and how many outage failures in a row this place has given the job.
+    elsewhere: bool = False
+    reason: Reason | None = None
+    outage_streak: int = 0
+
+
+def moves_on(failure: FailedAttempt) -> str | None:
+    """Why the job's next attempt runs at its next place, or None: the policy table's
+    fallback column (docs/decisions.md). A busy provider (a 429, a full budget) is not here:
+    waiting is its cure, and the workflow waits without spending an attempt."""
+    if not failure.elsewhere:
+        return None
+    if failure.reason is Reason.CONTEXT_LENGTH:
+        return "the request is over the model's context window"
+    if failure.reason is Reason.MODEL_GONE:
+        return "the provider does not serve the model"
+    if failure.kind in OUTAGE_KINDS and failure.outage_streak >= OUTAGE_STREAK:
+        return f"the provider failed {failure.outage_streak} times in a row ({failure.kind})"
+    return None
 
 
 def next_step(
@@ -255,14 +292,21 @@ def next_step(
     """The one place that decides whether a failed attempt is retried, and when, or how the
     job ends: not retryable or attempts spent → failed with the attempt's kind; a next
     attempt that would start at or after the hard ceiling (`deadline_s`, like `now_s` in
-    epoch seconds) → failed as `stuck`; else retried after the policy's delay."""
-    if not failure.kind.is_retryable or failure.attempt >= failure.max_attempts:
+    epoch seconds) → failed as `stuck`; else retried after the policy's delay. A failure
+    that moves the job to its next place (`moves_on`) is retried there at once, whatever
+    its kind."""
+    moved_on = moves_on(failure)
+    if failure.attempt >= failure.max_attempts or not (failure.kind.is_retryable or moved_on):
         return End(failure.kind, failure.message)
-    delay = policy.delay_s(
-        failure.kind,
-        failure.attempt,
-        retry_after_s=failure.retry_after_s,
-        unit_random=unit_random,
+    delay = (
+        policy.minimum_s
+        if moved_on
+        else policy.delay_s(
+            failure.kind,
+            failure.attempt,
+            retry_after_s=failure.retry_after_s,
+            unit_random=unit_random,
+        )
     )
     if now_s + delay >= deadline_s:
         return End(
@@ -270,7 +314,7 @@ def next_step(
             "the next attempt would start after the job's hard ceiling; last error "
             f"({failure.kind.value}): {failure.message}",
         )
-    return Retry(delay)
+    return Retry(delay, moved_on)
 
 
 def lost_attempt_message(attempt: int, worker: str | None) -> str:

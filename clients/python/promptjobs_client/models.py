@@ -229,6 +229,8 @@ class AttemptOut(BaseModel):
     via: str | None = None
     # A schema_mismatch attempt's validation errors (the next attempt's repair turn).
     errors: list[SchemaError] | None = None
+    # Why the job's next attempt ran at its next place (`options.fallbacks`).
+    moved_on: str | None = None
 
 
 class SchemaError(BaseModel):

@@ -1,0 +1,139 @@
+"""Provider fallbacks end to end (issue 48): a job that names other places to run moves on
+when its provider is out, no longer serves the model, or cannot take the request's length;
+each attempt's record says where it ran and why the job moved. Real processes: the API, a
+worker and the mock provider speaking OpenAI's and Anthropic's protocols."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.conftest import MockProviderServer, Stack, cli, cli_json
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def run(stack: Stack, options: dict[str, Any], max_attempts: int = 4) -> dict[str, Any]:
+    """The job settled; its prompt in `prompt` (the mock's log is by prompt)."""
+    prompt = f"fallbacks {uuid.uuid4().hex}"
+    accepted = await stack.submit(prompt, max_attempts=max_attempts, options=options)
+    return {**await stack.settled(accepted["job_id"], timeout=40), "prompt": prompt}
+
+
+async def attempts(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    listed = await stack.http.get(f"/v1/jobs/{job_id}/attempts")
+    assert listed.status_code == 200, listed.text
+    return list(listed.json()["attempts"])
+
+
+async def test_an_outage_moves_the_job_on_after_one_retry_in_place(
+    provider_stack: Stack, mock_provider: MockProviderServer
+) -> None:
+    job = await run(
+        provider_stack,
+        {
+            "provider": "openai",
+            "model": "mock:fail=500,503,500,500",
+            "fallbacks": [{"provider": "anthropic", "model": "claude-standby"}],
+        },
+    )
+
+    assert (job["state"], job["attempt"]) == ("succeeded", 3)
+    ran = await attempts(provider_stack, job["job_id"])
+    assert [(a["provider"], a["outcome"]) for a in ran] == [
+        ("openai", "provider_5xx"),
+        ("openai", "provider_5xx"),
+        ("anthropic", "succeeded"),
+    ]
+    assert [a["moved_on"] for a in ran] == [
+        None,
+        "the provider failed 2 times in a row (provider_5xx)",
+        None,
+    ]
+    answer = (await provider_stack.http.get(f"/v1/responses/{job['response_id']}")).json()
+    assert (answer["provider"], answer["model"]) == ("anthropic", "claude-standby")
+
+
+@pytest.mark.parametrize(
+    ("step", "why"),
+    [
+        ("no_model", "the provider does not serve the model"),
+        ("too_long", "the request is over the model's context window"),
+    ],
+)
+async def test_a_client_error_another_place_may_not_make_moves_on_at_once(
+    provider_stack: Stack, mock_provider: MockProviderServer, step: str, why: str
+) -> None:
+    job = await run(
+        provider_stack,
+        {
+            "provider": "anthropic",
+            "model": f"mock:fail={step}",
+            "fallbacks": [{"provider": "openai", "model": "gpt-standby"}],
+            "tools": TOOLS,
+        },
+    )
+
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    ran = await attempts(provider_stack, job["job_id"])
+    assert [(a["provider"], a["outcome"], a["moved_on"]) for a in ran] == [
+        ("anthropic", "provider_4xx", why),
+        ("openai", "succeeded", None),
+    ]
+    # The whole request went to the next place unchanged: its tools too.
+    sent = await mock_provider.requests(job["prompt"])
+    assert [(r["api"], r["model"], r["tools"]) for r in sent] == [
+        ("anthropic", f"mock:fail={step}", ["weather"]),
+        ("openai", "gpt-standby", ["weather"]),
+    ]
+
+
+async def test_without_fallbacks_the_same_errors_fail_the_job_as_before(
+    provider_stack: Stack,
+) -> None:
+    job = await run(provider_stack, {"provider": "openai", "model": "mock:fail=too_long"})
+    assert (job["state"], job["error_kind"], job["attempt"]) == ("failed", "provider_4xx", 1)
+    assert "maximum context length" in job["error_message"]
+
+
+async def test_jobs_show_names_where_each_attempt_ran_and_why_the_job_moved(
+    provider_stack: Stack,
+) -> None:
+    job = await run(
+        provider_stack,
+        {
+            "provider": "openai",
+            "model": "mock:fail=no_model",
+            "fallbacks": [{"provider": "anthropic", "model": "claude-standby"}],
+        },
+    )
+    shown = (await cli(provider_stack, "jobs", "show", job["job_id"])).output
+    assert "provider_4xx; moved on: the provider does not serve the model" in shown
+    assert "claude-standby" in shown
+    as_json = await cli_json(provider_stack, "jobs", "show", job["job_id"])
+    assert [a["moved_on"] for a in as_json["attempts"]] == [
+        "the provider does not serve the model",
+        None,
+    ]
+
+
+async def test_a_fallback_the_deployment_cannot_run_is_refused_at_the_door(
+    provider_stack: Stack,
+) -> None:
+    refused = await provider_stack.http.post(
+        "/v1/prompts",
+        json={"prompt": "hello", "options": {"fallbacks": [{"provider": "nowhere"}]}},
+    )
+    assert refused.status_code == 422, refused.text
+    assert "options.fallbacks[0]: unknown provider 'nowhere'" in refused.text
