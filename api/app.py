@@ -65,7 +65,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         app.include_router(module.router)
 
     def openapi() -> dict[str, Any]:
-        return exact_openapi(app, ctx.jobs.adapters.names())
+        return exact_openapi(app, ctx.jobs.adapters.names(), ctx.jobs.adapters.routes)
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app

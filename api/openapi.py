@@ -14,11 +14,13 @@ PROBLEM_REF = {"$ref": "#/components/schemas/ProblemDetails"}
 PROBLEM_SCHEMAS = {PROBLEM_REF["$ref"], "#/components/schemas/HTTPValidationError"}
 
 
-def exact_openapi(app: FastAPI, providers: Iterable[str]) -> dict[str, Any]:
+def exact_openapi(
+    app: FastAPI, providers: Iterable[str], routes: Iterable[str] = ()
+) -> dict[str, Any]:
     """Every error is `application/problem+json` with the ProblemDetails schema (FastAPI would
-    say application/json, and HTTPValidationError for 422), and `options.provider` (and
-    each fallback's) lists the providers this deployment runs, so a document-valid request
-    is one the server accepts."""
+    say application/json, and HTTPValidationError for 422), `options.provider` (and each
+    fallback's) lists the providers this deployment runs and `options.route` the routes its
+    operator named, so a document-valid request is one the server accepts."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     document = get_openapi(
@@ -46,5 +48,11 @@ def exact_openapi(app: FastAPI, providers: Iterable[str]) -> dict[str, Any]:
     for bound in ("minLength", "maxLength", "pattern"):
         fallback.pop(bound, None)
     fallback["enum"] = sorted(providers)
+    # The routes the operator named (none: the field takes only null).
+    named = sorted(routes)
+    schemas["PromptOptions"]["properties"]["route"]["anyOf"] = [
+        *([{"type": "string", "enum": named}] if named else []),
+        {"type": "null"},
+    ]
     app.openapi_schema = document
     return document

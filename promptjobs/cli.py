@@ -15,6 +15,7 @@ import typer
 from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 
+from activities.adapters.routes import InvalidRoutes
 from activities.prices import InvalidPrices
 from projections.domain.errors import Refused
 from projections.migrate import StoreUnavailable, database_error
@@ -327,6 +328,7 @@ def main() -> None:
         Refused,
         LaunchError,
         InvalidPrices,
+        InvalidRoutes,
         FileNotFoundError,
         StoreUnavailable,
     ) as err:

@@ -227,6 +227,11 @@ class Settings(BaseSettings):
     """How often a worker reads the rows of the jobs it is calling providers for (one query
     for all of them): a cancelled job's provider call is closed within this long of the
     cancel reaching the row, without waiting for Temporal's heartbeat to deliver it."""
+    routes_file: Path | None = None
+    """Named routes (TOML): `[routes]` with `NAME = ["provider/model", …]`, the places a job
+    naming the route runs at, in order (the first, then the others as its fallbacks;
+    docs/providers.md). Clients name a route in `options.route` or as the OpenAI routes'
+    `model`; `GET /v1/models` lists them. Read at start-up: a change takes a restart."""
     prices_file: Path | None = None
     """Price table (TOML): US dollars per million input and output tokens, per model name or
     pattern (docs/usage.md). An attempt on a model it does not price costs "unknown" (null),

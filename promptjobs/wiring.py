@@ -20,6 +20,7 @@ from temporalio.service import TLSConfig
 
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
+from activities.adapters.routes import read_routes
 from projections.engines import create_engine, session_factory
 from projections.group_commit import dispose
 from projections.migrate import migrate_store, require_store
@@ -127,7 +128,10 @@ def build_adapters(settings: Settings) -> AdapterRegistry:
             max_tokens=settings.anthropic_max_tokens,
         ),
     ]
-    return AdapterRegistry({a.name: a for a in adapters}, default=settings.provider_default)
+    routes = read_routes(settings.routes_file) if settings.routes_file else None
+    return AdapterRegistry(
+        {a.name: a for a in adapters}, default=settings.provider_default, routes=routes
+    )
 
 
 async def connect_temporal(

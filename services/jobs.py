@@ -96,6 +96,8 @@ class JobService:
             images = len(images_of(messages))
             placed = user_texts(messages)
             submission = replace(submission, text=transcript(messages))
+        # A route the job names is stored as what it named then (its places).
+        submission = replace(submission, options=self.adapters.expand(submission.options))
         system = submission.options.get("system")
         check_size(
             submission.text, system if isinstance(system, str) else None, self.max_prompt_bytes
@@ -187,7 +189,9 @@ class JobService:
         wait: bool = False,
     ) -> Job:
         if changes is not None and changes.options is not None:
-            self.validate_options(changes.options)
+            expanded = self.adapters.expand(changes.options)
+            self.validate_options(expanded)
+            changes = replace(changes, options=expanded)
         job = await self.store.retry(scope, job_id, changes, max_jobs=self.max_jobs_per_prompt)
         if wait:
             await self.dispatcher.start_now(job)

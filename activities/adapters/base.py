@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from activities.adapters.conversation import Message, one_message
 from activities.adapters.options import PromptOptions, targets
+from activities.adapters.routes import InvalidRoutes, Place
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import AttemptResult
 
@@ -241,9 +242,51 @@ class Adapter(Protocol):
 
 
 class AdapterRegistry:
-    def __init__(self, adapters: Mapping[str, Adapter], default: str) -> None:
+    def __init__(
+        self,
+        adapters: Mapping[str, Adapter],
+        default: str,
+        routes: Mapping[str, list[Place]] | None = None,
+    ) -> None:
         self._adapters = dict(adapters)
         self.default = default
+        self.routes = dict(routes or {})
+        for name, places in self.routes.items():
+            for place in places:
+                if place.provider not in self._adapters:
+                    known = ", ".join(sorted(self._adapters))
+                    raise InvalidRoutes(
+                        f"route {name!r}: unknown provider {place.provider!r} in "
+                        f"{str(place)!r}; use one of: {known}"
+                    )
+
+    def expand(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """A job's options with the route it names (`options.route`) put in its place: the
+        route's first place as `provider` and `model`, the others as `fallbacks`. Options
+        that name no route come back as they are; InvalidOptions for an unknown route, or a
+        route beside what it names."""
+        route = options.get("route")
+        if route is None:
+            return dict(options)
+        places = self.routes.get(route) if isinstance(route, str) else None
+        if places is None:
+            have = ", ".join(sorted(self.routes)) or "none (PROMPTJOBS_ROUTES_FILE names them)"
+            raise InvalidOptions(f"options.route: unknown route {route!r}; the routes: {have}")
+        if beside := sorted({"provider", "model", "fallbacks"} & options.keys()):
+            raise InvalidOptions(
+                f"options.route names the provider, model and fallbacks: leave out "
+                f"{', '.join(beside)}, or name no route"
+            )
+        first, *others = places
+        expanded = {k: v for k, v in options.items() if k != "route"}
+        expanded["provider"] = first.provider
+        if first.model is not None:
+            expanded["model"] = first.model
+        if others:
+            expanded["fallbacks"] = [
+                {"provider": p.provider, **({"model": p.model} if p.model else {})} for p in others
+            ]
+        return expanded
 
     def names(self) -> list[str]:
         """The providers this deployment can run now (a chat provider needs its credential)."""
@@ -281,7 +324,7 @@ class AdapterRegistry:
     def parse(self, options: Mapping[str, Any]) -> PromptOptions:
         """A job's options as its JSON says them, parsed once into their model and checked
         against their provider; InvalidOptions names every bad field (`options.field: why`)."""
-        parsed = parse_options(PromptOptions, dict(options), "options")
+        parsed = parse_options(PromptOptions, self.expand(options), "options")
         for index, target in enumerate(targets(parsed)):
             try:
                 self.get(target).check(target)

@@ -86,6 +86,14 @@ class PromptOptions(BaseModel):
         description="The answer must be JSON matching this schema: validated on every "
         "answer; a miss (`schema_mismatch`) runs again with a repair turn",
     )
+    route: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=NO_NUL,
+        description="A route the operator named (`GET /v1/models` lists them): the job runs "
+        "at its first place with the others as its fallbacks. Without `provider`, `model` "
+        "and `fallbacks`, which the route names",
+    )
     fallbacks: list[Fallback] | None = Field(
         default=None,
         max_length=MAX_FALLBACKS,

@@ -232,8 +232,12 @@ class PromptjobsExtras(BaseModel):
 
     def options_for(self, adapters: AdapterRegistry, model: str) -> dict[str, Any]:
         """The job's options before a request's own parameters: these, with the provider and
-        model OpenAI's `model` names (`provider/model`, or a model of the default provider)."""
+        model OpenAI's `model` names (`provider/model`, a route the operator named, or a
+        model of the default provider)."""
         options = dict(self.options)
+        if model in adapters.routes:
+            options["route"] = model  # a route the operator named wins over a bare model name
+            return options
         provider, named = adapters.split_model(model)
         if provider is not None:
             options["provider"] = provider

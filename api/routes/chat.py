@@ -103,7 +103,8 @@ async def retrieve_chat_completion(
 @router.get("/models", response_model=None, responses={200: OPENAI_JSON})
 async def list_models(_caller: Caller, ctx: ContextDep) -> JSONResponse:
     """OpenAI's `models.list`: each provider this deployment can run, as `provider/model`
-    for its default model (any model of a provider is named so: `anthropic/claude-…`)."""
+    for its default model (any model of a provider is named so: `anthropic/claude-…`), then
+    each route the operator named, with its `places`."""
     return JSONResponse({"object": "list", "data": _models(ctx)})
 
 
@@ -118,7 +119,7 @@ async def retrieve_model(model: str, _caller: Caller, ctx: ContextDep) -> JSONRe
 
 def _models(ctx: ApiContext) -> list[dict[str, Any]]:
     adapters = ctx.jobs.adapters
-    return [
+    providers = [
         {
             "id": f"{name}/{adapters.model_of_provider(name)}",
             "object": "model",
@@ -127,6 +128,18 @@ def _models(ctx: ApiContext) -> list[dict[str, Any]]:
         }
         for name in adapters.names()
     ]
+    routes = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "promptjobs",
+            # Where a job naming the route runs, in order (promptjobs' own field).
+            "places": [str(place) for place in places],
+        }
+        for name, places in sorted(adapters.routes.items())
+    ]
+    return providers + routes
 
 
 async def _answer(ctx: ApiContext, caller: Scope, job_id: str) -> tuple[Job, Response]:

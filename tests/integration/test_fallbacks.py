@@ -6,11 +6,22 @@ worker and the mock provider speaking OpenAI's and Anthropic's protocols."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
+from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import MockProviderServer, Stack, cli, cli_json
+from tests.conftest import (
+    MockProviderServer,
+    Stack,
+    cli,
+    cli_json,
+    provider_settings,
+    running_stack,
+)
 
 TOOLS = [
     {
@@ -137,3 +148,61 @@ async def test_a_fallback_the_deployment_cannot_run_is_refused_at_the_door(
     )
     assert refused.status_code == 422, refused.text
     assert "options.fallbacks[0]: unknown provider 'nowhere'" in refused.text
+
+
+@pytest.fixture
+async def routed_stack(
+    dev_server: WorkflowEnvironment, mock_provider: MockProviderServer, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    """A stack whose operator named a route: its first place no longer serves the model."""
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[routes]\nsmart = ["anthropic/mock:fail=no_model", "openai/gpt-standby"]\n')
+    settings = provider_settings(tmp_path, mock_provider, routes_file=routes)
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
+async def test_a_route_runs_a_job_along_the_places_the_operator_named(
+    routed_stack: Stack,
+) -> None:
+    job = await run(routed_stack, {"route": "smart", "max_tokens": 50})
+
+    assert (job["state"], job["attempt"]) == ("succeeded", 2)
+    ran = await attempts(routed_stack, job["job_id"])
+    assert [(a["provider"], a["model"]) for a in ran] == [
+        ("anthropic", "mock:fail=no_model"),
+        ("openai", "gpt-standby"),
+    ]
+    # The job keeps what the route named when it was submitted.
+    shown = (await routed_stack.http.get(f"/v1/jobs/{job['job_id']}")).json()
+    assert shown["options"]["fallbacks"] == [{"provider": "openai", "model": "gpt-standby"}]
+    assert "route" not in shown["options"]
+
+    unknown = await routed_stack.http.post(
+        "/v1/prompts", json={"prompt": "hi", "options": {"route": "clever"}}
+    )
+    assert unknown.status_code == 422
+    assert "unknown route 'clever'; the routes: smart" in unknown.text
+
+
+async def test_the_openai_sdk_names_a_route_as_its_model(
+    routed_stack: Stack, mock_provider: MockProviderServer
+) -> None:
+    client = AsyncOpenAI(
+        base_url=f"{routed_stack.base_url}/v1", api_key=routed_stack.api_key, max_retries=0
+    )
+    listed = [model async for model in client.models.list()]
+    [smart] = [m for m in listed if m.id == "smart"]
+    assert smart.model_extra == {"places": ["anthropic/mock:fail=no_model", "openai/gpt-standby"]}
+
+    prompt = f"route {uuid.uuid4().hex}"
+    completion = await client.chat.completions.create(
+        model="smart", messages=[{"role": "user", "content": prompt}]
+    )
+    assert completion.model == "smart"  # echoed as sent (docs/openai.md)
+    assert completion.choices[0].message.content
+    sent = await mock_provider.requests(prompt)
+    assert [(r["api"], r["model"]) for r in sent] == [
+        ("anthropic", "mock:fail=no_model"),
+        ("openai", "gpt-standby"),
+    ]

@@ -11,6 +11,7 @@ import pytest
 from activities.adapters.base import InvalidOptions
 from activities.adapters.chat import client_reason
 from activities.adapters.options import PromptOptions, on_target, targets
+from activities.adapters.routes import InvalidRoutes, Place, read_routes
 from projections.domain.lifecycle import (
     BackoffPolicy,
     End,
@@ -128,3 +129,66 @@ def test_each_fallback_is_checked_at_the_door_and_named_when_wrong(tmp_path: Pat
     with pytest.raises(InvalidOptions) as too_many:
         adapters.validate({"fallbacks": [{"provider": "fake"}] * 5})
     assert "options.fallbacks" in str(too_many.value)
+
+
+ROUTES = """
+[routes]
+smart = ["openai/gpt-4o", "anthropic/claude-x", "fake"]
+"meta:llama" = ["openai/meta-llama/Llama-3.1-8B"]
+"""
+
+
+def test_a_route_is_its_places_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "routes.toml"
+    path.write_text(ROUTES)
+    routes = read_routes(path)
+    assert [str(p) for p in routes["smart"]] == ["openai/gpt-4o", "anthropic/claude-x", "fake"]
+    # The model is everything after the provider's slash.
+    assert routes["meta:llama"] == [Place("openai", "meta-llama/Llama-3.1-8B")]
+
+
+def test_a_job_naming_a_route_stores_what_it_named(tmp_path: Path) -> None:
+    path = tmp_path / "routes.toml"
+    path.write_text(ROUTES)
+    adapters = build_adapters(make_settings(tmp_path, routes_file=path))
+    assert adapters.expand({"route": "smart", "temperature": 0.5}) == {
+        "provider": "openai",
+        "model": "gpt-4o",
+        "temperature": 0.5,
+        "fallbacks": [{"provider": "anthropic", "model": "claude-x"}, {"provider": "fake"}],
+    }
+    assert adapters.expand({"provider": "fake"}) == {"provider": "fake"}
+    with pytest.raises(InvalidOptions) as unknown:
+        adapters.expand({"route": "clever"})
+    said = "options.route: unknown route 'clever'; the routes: meta:llama, smart"
+    assert str(unknown.value) == said
+    with pytest.raises(InvalidOptions) as beside:
+        adapters.expand({"route": "smart", "model": "gpt-4o-mini"})
+    assert "leave out model" in str(beside.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[routes]\nsmart = ", "is not TOML"),
+        ('[routes]\n"a b" = ["fake"]', "routes.a b"),
+        ("[routes]\nsmart = []", "routes.smart"),
+        ('[routes]\nsmart = ["fake", "fake", "fake", "fake", "fake", "fake"]', "1 to 5 places"),
+        ('[route]\nsmart = ["fake"]', "expected a [routes] table"),
+    ],
+)
+def test_a_routes_file_that_cannot_be_used_says_why(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "routes.toml"
+    path.write_text(text)
+    with pytest.raises(InvalidRoutes) as bad:
+        read_routes(path)
+    assert str(bad.value).startswith(f"the routes file {path}")
+    assert says in str(bad.value)
+
+
+def test_a_route_through_a_provider_the_deployment_lacks_stops_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "routes.toml"
+    path.write_text('[routes]\nsmart = ["openia/gpt-4o"]')
+    with pytest.raises(InvalidRoutes) as bad:
+        build_adapters(make_settings(tmp_path, routes_file=path))
+    assert str(bad.value).startswith("route 'smart': unknown provider 'openia' in 'openia/gpt-4o'")
