@@ -23,6 +23,7 @@ from activities.attempt import (
     provider_busy,
 )
 from activities.budgets import WorkerBudgets
+from activities.circuits import WorkerCircuits
 from activities.contracts import (
     ORG_BUSY,
     PARENTS_CHANGED,
@@ -74,6 +75,8 @@ class JobActivities:
         task_queue: str | None = None,
         worker_heartbeat_s: float = 15.0,
         own_slots: int = 0,
+        circuit_failures: int = 5,
+        circuit_cooldown_s: float = 30.0,
     ) -> None:
         self.store = store
         self.projector = store.projector
@@ -90,6 +93,12 @@ class JobActivities:
                 store.budgets, adapters, aging_s=priority_aging_s, most=max_provider_budgets
             ),
             metrics_org_labels=metrics_org_labels,
+            circuits=WorkerCircuits(
+                store.circuits,
+                adapters,
+                threshold=circuit_failures,
+                cooldown_s=circuit_cooldown_s,
+            ),
         )
         # An attempt tells its workflow it is running (for the Web UI) only once it has run
         # this long: each report is a workflow task, and a quick call would pay one for a
@@ -122,10 +131,19 @@ class JobActivities:
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         org_limit = await self._org_limit() if call.admission else None
         draw_of = await self._draw_of(call)
+        circuits = self.tools.circuits
+        await circuits.refresh()
+        # Only while a place is open does the start read the job to choose its place.
+        place_of = circuits.place_of if circuits.any_open() else None
         started = await through_outages(
             "start attempt",
             lambda: self.projector.start_attempt(
-                call.job_id, attempt, self.worker, org_limit=org_limit, draw_of=draw_of
+                call.job_id,
+                attempt,
+                self.worker,
+                org_limit=org_limit,
+                draw_of=draw_of,
+                place_of=place_of,
             ),
         )
         if started.budget_wait is not None:
@@ -163,7 +181,15 @@ class JobActivities:
             draw = started.draw if started.drew else None
             probing = started.draw is not None and started.draw.probe and not started.drew
             done = await Attempt(
-                self.tools, call, attempt, job, prompt, running, draw, probing=probing
+                self.tools,
+                call,
+                attempt,
+                job,
+                prompt,
+                running,
+                draw,
+                probing=probing,
+                skipped=started.skipped,
             ).run()
         if not call.settle_success:
             await self.tools.settling.usage(done.usage, done.tail)

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -118,6 +119,23 @@ BUDGET_RATE_LIMITED = Gauge(
     ["budget"],
 )
 
+CIRCUIT_OPEN = Gauge(
+    "promptjobs_circuit_open",
+    "1 while a place's circuit is open (jobs that can run elsewhere skip it), else 0, for "
+    "each place that failed lately; its outage failures in a row are `_failures`",
+    ["place"],
+)
+CIRCUIT_FAILURES = Gauge(
+    "promptjobs_circuit_failures",
+    "Outage failures in a row at a place, fleet-wide (a success there resets it)",
+    ["place"],
+)
+CIRCUIT_OPENED = Counter(
+    "promptjobs_circuit_opened_total",
+    "Times this worker's call opened a place's circuit (or opened it again past a cool-down)",
+    ["place"],
+)
+
 # Every budget's gauges: set anew on each scrape (record_budgets).
 BUDGET_GAUGES = (
     BUDGET_LIMIT,
@@ -137,6 +155,9 @@ ALL = (
     COST,
     UNPRICED,
     *BUDGET_GAUGES,
+    CIRCUIT_OPEN,
+    CIRCUIT_FAILURES,
+    CIRCUIT_OPENED,
 )
 
 
@@ -259,6 +280,25 @@ def record_budgets(budgets: Iterable[BudgetFigures]) -> None:
         BUDGET_RATE_LIMITED.labels(budget=name).set(f.rate_limited)
 
 
+class CircuitFigures(Protocol):
+    @property
+    def place(self) -> str: ...
+
+    @property
+    def failures(self) -> int: ...
+
+    def is_open(self, now: datetime) -> bool: ...
+
+
+def record_circuits(circuits: Iterable[CircuitFigures], now: datetime) -> None:
+    """Each place that failed lately, set anew (one that recovered leaves no series)."""
+    for gauge in (CIRCUIT_OPEN, CIRCUIT_FAILURES):
+        gauge.clear()
+    for c in list(circuits)[:MAX_BUDGET_LABELS]:
+        CIRCUIT_OPEN.labels(place=c.place).set(1 if c.is_open(now) else 0)
+        CIRCUIT_FAILURES.labels(place=c.place).set(c.failures)
+
+
 def record_queue_depth(counts: dict[JobState, int]) -> None:
     for state in (JobState.QUEUED, JobState.RUNNING):
         JOBS.labels(state=state.value).set(counts.get(state, 0))
@@ -276,9 +316,11 @@ class QueueDepth:
         read: Callable[[], Awaitable[dict[JobState, int]]],
         max_age_s: float,
         budgets: Callable[[], Awaitable[Iterable[BudgetFigures]]] | None = None,
+        circuits: Callable[[], Awaitable[Iterable[CircuitFigures]]] | None = None,
     ) -> None:
         self._read = read
         self._budgets = budgets
+        self._circuits = circuits
         self._max_age_s = max_age_s
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
@@ -291,4 +333,6 @@ class QueueDepth:
             record_queue_depth(await self._read())
             if self._budgets is not None:
                 record_budgets(await self._budgets())
+            if self._circuits is not None:
+                record_circuits(await self._circuits(), datetime.now(UTC))
             self._read_at = time.monotonic()

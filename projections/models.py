@@ -388,6 +388,23 @@ class ProviderBudget(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class ProviderCircuit(Base):
+    """One place's circuit (projections/circuits.py): outage failures in a row there across
+    the fleet, and, once they reach the threshold, until when jobs that can run elsewhere
+    are sent elsewhere. A success there closes it."""
+
+    __tablename__ = "provider_circuits"
+
+    # `provider/model`, as budgets name it.
+    place: Mapped[str] = mapped_column(String(200), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    open_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # When it last opened, and how often, all told (`promptjobs status`, /metrics).
+    opened_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    opened: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class BudgetDraw(Base):
     """One call's draw on a budget: a request, and its tokens (reserved as an estimate when
     the attempt starts, then what the provider reported). A budget's last minute of draws is

@@ -69,7 +69,7 @@ class Transition:
     superseded_by: str | None = None
     # A succeeded transition is only valid for the attempt that produced the result.
     require_current_attempt: bool = False
-    # A re-queue that moves the job to another of its places (`options.fallbacks`).
+    # A re-queue or a start that moves the job to another of its places (`options.fallbacks`).
     fallback: int | None = None
 
 
@@ -94,6 +94,9 @@ class Applied:
     # call needs both; a read of its own cost the worker more than the write).
     job: Job | None = None
     prompt: Prompt | None = None
+    # An attempt started at another of its job's places because its own one's circuit is
+    # open: the place it skipped (projections/circuits.py).
+    skipped: int | None = None
     # A success: the started jobs of the prompt's chained children that wait on their
     # parents, to be woken (read in the same transaction; the dispatcher's safety net,
     # chain_store.ready_to_wake, catches a child that began waiting meanwhile).
@@ -138,8 +141,8 @@ def _changes(t: Transition, event_id: int, now: datetime) -> dict[str, Any]:
         )
     elif t.target is JobState.QUEUED:
         values["next_attempt_at"] = t.next_attempt_at
-        if t.fallback is not None:
-            values["fallback"] = t.fallback
+    if t.fallback is not None:
+        values["fallback"] = t.fallback
     if t.error_kind is not None:
         values.update(error_kind=t.error_kind, error_message=t.error_message)
     if t.target is JobState.SUCCEEDED:
@@ -323,6 +326,7 @@ class Projector:
         *,
         org_limit: int | None = None,
         draw_of: Callable[[Job, Prompt], Draw | None] | None = None,
+        place_of: Callable[[Job, Prompt], int | None] | None = None,
     ) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
@@ -331,20 +335,29 @@ class Projector:
         provider budget (projections/budgets.py), and takes its draw as it starts; with
         `org_limit` (the default running limit) the job must hold one of its org's slots
         (projections/admission.py). Refused either, nothing changes but the record of the
-        wait, and `budget_wait` or `waiting` says why."""
-        running = Transition(job_id, JobState.RUNNING, attempt, worker=worker)
+        wait, and `budget_wait` or `waiting` says why. With `place_of` (where the job's attempt
+        starts instead, if its place's circuit is open) the attempt may start at another of
+        the job's places, set on its row in the same transition (`skipped` says which one it
+        left)."""
 
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
+            running = Transition(job_id, JobState.RUNNING, attempt, worker=worker)
             draw: Draw | None = None
             drew = probe = False
             prompt: Prompt | None = None
-            if draw_of is not None and (seen := _job_row(tx, job_id)) is not None:
+            skipped: int | None = None
+            reads = draw_of is not None or place_of is not None
+            if reads and (seen := _job_row(tx, job_id)) is not None:
                 prompt = _prompt_of(tx, seen.prompt_id)
                 startable = seen.state is JobState.QUEUED or (
                     seen.state is JobState.RUNNING and seen.attempt < attempt
                 )
-                draw = draw_of(seen, prompt) if startable else None
+                moved = place_of(seen, prompt) if startable and place_of is not None else None
+                if moved is not None:
+                    skipped, seen.fallback = seen.fallback, moved
+                    running = replace(running, fallback=moved)
+                draw = draw_of(seen, prompt) if startable and draw_of is not None else None
                 if draw is not None:
                     room = budgets.check(tx, job_id, draw, now, self.budget_window)
                     if isinstance(room, BudgetWait):
@@ -374,7 +387,7 @@ class Projector:
                 drawn()
                 reset_output(tx, job, now)
                 started = _started(tx, job, [job.last_event_id], prompt)
-                return replace(started, draw=draw, drew=drew)
+                return replace(started, draw=draw, drew=drew, skipped=skipped)
             seen = current(tx, job_id)
             if seen is None:
                 raise LookupError(f"no job {job_id}")
@@ -397,7 +410,8 @@ class Projector:
                 return Applied(False, *_state_of(tx, job_id), events)
             drawn()
             reset_output(tx, job, now)
-            return replace(_started(tx, job, events, prompt), draw=draw, drew=drew)
+            started = _started(tx, job, events, prompt)
+            return replace(started, draw=draw, drew=drew, skipped=skipped)
 
         return self._committed(await self.writes.run(write))
 

@@ -2,9 +2,9 @@
 of its writes (projections/writes.py), reads (reads.py) and the dispatcher's scans (scans.py),
 over one session factory and the projector that owns transitions. What is not one job's
 row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share),
-`budgets` (provider budgets), `files` and `batches` (OpenAI's Files and Batch APIs),
-`provider_batches` (deferrable jobs gathered into providers' batches)
-and `operations` (the operator's views and archive). A new
+`budgets` (provider budgets), `circuits` (places that fail for everyone), `files` and
+`batches` (OpenAI's Files and Batch APIs), `provider_batches` (deferrable jobs gathered into
+providers' batches) and `operations` (the operator's views and archive). A new
 query goes into one of these, never into a free function that takes a session factory
 (docs/decisions.md)."""
 
@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from projections.admission import OrgShares, fleet_share
 from projections.budgets import Budgets
 from projections.chain_store import ChainStore
+from projections.circuits import Circuits
 from projections.files import FileStore
 from projections.keys import KeyStore
 from projections.openai_batches import BatchStore
@@ -50,6 +51,7 @@ class JobStore(JobWrites, JobReads, DispatchScans):
         self.chains = ChainStore(sessions, projector.writes)
         self.orgs = OrgShares(sessions, projector.writes)
         self.budgets = Budgets(sessions, projector.writes, projector.budget_window)
+        self.circuits = Circuits(sessions, projector.writes)
         self.operations = Operations(sessions, projector.writes)
         self.files = FileStore(sessions, projector.writes)
         self.batches = BatchStore(sessions, projector.writes)

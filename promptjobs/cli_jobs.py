@@ -18,6 +18,7 @@ import typer
 from activities.adapters.base import InvalidOptions
 from projections import operations
 from projections.budgets import BudgetStanding
+from projections.circuits import CircuitStanding
 from projections.domain.lifecycle import EventType, JobState
 from projections.errors import NotFound
 from projections.event_log import utcnow
@@ -515,7 +516,7 @@ def status(as_json: JsonOpt = False) -> None:
     budgets, and Temporal's pollers on the task queue (with when each last polled). Exits 1
     when Temporal cannot be reached, so a script can tell."""
     warning = warn_if_elsewhere(Settings())
-    health, registered, budgets, temporal = run(_status())
+    health, registered, budgets, circuits, temporal = run(_status())
     if warning is not None:
         temporal["warning"] = warning
     if as_json:
@@ -524,6 +525,7 @@ def status(as_json: JsonOpt = False) -> None:
                 "projection": asdict(health),
                 "registered_workers": [_registered(w) for w in registered],
                 "provider_budgets": [standing_json(b) for b in budgets],
+                "circuits": [_circuit(c) for c in circuits],
                 "temporal": temporal,
             }
         )
@@ -561,6 +563,23 @@ def status(as_json: JsonOpt = False) -> None:
     )
     if budgets:
         out.print(budgets_table(budgets))
+    if circuits:
+        out.print(
+            table(
+                "provider circuits (places that failed lately)",
+                ("place", "state", "failures in a row", "opened", "times opened"),
+                (
+                    (
+                        c.place,
+                        f"open until {short(c.open_until)}" if c.is_open(utcnow()) else "closed",
+                        c.failures,
+                        short(c.opened_at) or "never",
+                        c.opened,
+                    )
+                    for c in circuits
+                ),
+            )
+        )
     if temporal.get("error"):
         typer.echo(
             f"Temporal at {temporal['address']}: unreachable ({temporal['error']})", err=True
@@ -612,8 +631,16 @@ def _registered(worker: WorkerProcess) -> dict[str, Any]:
     }
 
 
+def _circuit(circuit: CircuitStanding) -> dict[str, Any]:
+    return {**asdict(circuit), "open": circuit.is_open(utcnow())}
+
+
 async def _status() -> tuple[
-    operations.ProjectionHealth, list[WorkerProcess], list[BudgetStanding], dict[str, Any]
+    operations.ProjectionHealth,
+    list[WorkerProcess],
+    list[BudgetStanding],
+    list[CircuitStanding],
+    dict[str, Any],
 ]:
     settings = Settings()
     async with open_projection(settings, streams=False, create=False) as projection:
@@ -621,6 +648,7 @@ async def _status() -> tuple[
         health = await projection.store.operations.projection_health(workers_since=since)
         registered = await projection.store.workers.since(since)
         budgets = await projection.store.budgets.standing(utcnow())
+        circuits = await projection.store.circuits.standings()
     temporal: dict[str, Any] = {
         "address": settings.temporal_address,
         "task_queue": settings.temporal_task_queue,
@@ -630,4 +658,4 @@ async def _status() -> tuple[
         temporal["pollers"] = await task_queue_pollers(client, settings.temporal_task_queue)
     except (RuntimeError, OSError) as err:  # connect failures surface as RuntimeError
         temporal["error"] = str(err).splitlines()[0]
-    return health, registered, budgets, temporal
+    return health, registered, budgets, circuits, temporal

@@ -89,6 +89,8 @@ def build_worker(
         task_queue=settings.temporal_task_queue,
         worker_heartbeat_s=settings.worker_heartbeat_s,
         own_slots=settings.worker_max_concurrent_activities,
+        circuit_failures=settings.circuit_failures,
+        circuit_cooldown_s=settings.circuit_cooldown_s,
     )
     batches = BatchActivities(projection.store, adapters, settings.backoff, activities.tools.prices)
     return Worker(
@@ -142,6 +144,7 @@ def build_app(
                 projection.store.operations.jobs_by_state,
                 settings.metrics_cache_s,
                 budgets=lambda: projection.store.budgets.standing(datetime.now(UTC)),
+                circuits=projection.store.circuits.standings,
             ),
             metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )

@@ -227,6 +227,14 @@ class Settings(BaseSettings):
     """How often a worker reads the rows of the jobs it is calling providers for (one query
     for all of them): a cancelled job's provider call is closed within this long of the
     cancel reaching the row, without waiting for Temporal's heartbeat to deliver it."""
+    circuit_failures: int = Field(default=5, ge=1)
+    """Outage failures in a row at one place (a provider's model: `provider_5xx`, `timeout`),
+    whichever jobs and workers they came from, that open its circuit: jobs that can run
+    elsewhere (`options.fallbacks`, a route) start their attempts at their next place
+    instead, spending none there, until the cool-down passes. A success there closes it."""
+    circuit_cooldown_s: float = Field(default=30.0, gt=0)
+    """How long an open circuit sends jobs elsewhere before the next call tries the place
+    again (a failure opens it again at once; a success closes it)."""
     routes_file: Path | None = None
     """Named routes (TOML): `[routes]` with `NAME = ["provider/model", …]`, the places a job
     naming the route runs at, in order (the first, then the others as its fallbacks;

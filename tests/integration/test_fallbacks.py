@@ -206,3 +206,52 @@ async def test_the_openai_sdk_names_a_route_as_its_model(
         ("anthropic", "mock:fail=no_model"),
         ("openai", "gpt-standby"),
     ]
+
+
+@pytest.fixture
+async def circuit_stack(
+    dev_server: WorkflowEnvironment, mock_provider: MockProviderServer, tmp_path: Path
+) -> AsyncIterator[Stack]:
+    """A stack whose circuits open after 2 outage failures in a row at a place."""
+    settings = provider_settings(
+        tmp_path, mock_provider, circuit_failures=2, circuit_cooldown_s=60.0
+    )
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
+# Every job's first four requests there fail: the place is down for everyone.
+DOWN = {"provider": "openai", "model": "mock:fail=503,503,503,503"}
+STANDBY = [{"provider": "anthropic", "model": "claude-standby"}]
+
+
+async def test_a_place_down_for_everyone_is_skipped_once_its_circuit_opens(
+    circuit_stack: Stack, mock_provider: MockProviderServer
+) -> None:
+    first = await run(circuit_stack, {**DOWN, "fallbacks": STANDBY})
+    # Its two failures opened the circuit (and moved it on by its own count).
+    assert (first["state"], first["attempt"]) == ("succeeded", 3)
+
+    later = await run(circuit_stack, {**DOWN, "fallbacks": STANDBY})
+    # Straight to the next place: no attempt spent where the circuit is open, no request sent.
+    assert (later["state"], later["attempt"]) == ("succeeded", 1)
+    [ran] = await attempts(circuit_stack, later["job_id"])
+    assert (ran["provider"], ran["model"]) == ("anthropic", "claude-standby")
+    assert ran["via"] == (
+        "circuit open at openai/mock:fail=503,503,503,503: started at the job's place 1 instead"
+    )
+    assert [r["api"] for r in await mock_provider.requests(later["prompt"])] == ["anthropic"]
+
+    # A job with nowhere else to go still runs there (and fails there, as it would have).
+    alone = await run(circuit_stack, DOWN, max_attempts=1)
+    assert (alone["state"], alone["error_kind"]) == ("failed", "provider_5xx")
+
+    status = await cli_json(circuit_stack, "status")
+    [circuit] = status["circuits"]
+    assert (circuit["place"], circuit["open"], circuit["opened"]) == (
+        "openai/mock:fail=503,503,503,503",
+        True,
+        1,
+    )
+    scraped = (await circuit_stack.http.get("/metrics")).text
+    assert 'promptjobs_circuit_open{place="openai/mock:fail=503,503,503,503"} 1.0' in scraped
