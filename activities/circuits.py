@@ -12,9 +12,10 @@ from activities.adapters.options import PromptOptions, targets
 from activities.stale import AtMostEvery
 from projections import metrics
 from projections.budgets import budget_name
-from projections.circuits import Circuits
+from projections.circuits import Circuits, claim_probe
 from projections.domain.lifecycle import OUTAGE_KINDS
 from projections.errors import database_unavailable
+from projections.group_commit import WriteTx
 from projections.models import Job, Prompt, job_options
 
 
@@ -27,8 +28,11 @@ class WorkerCircuits:
     threshold: int = 5
     cooldown_s: float = 30.0
     refresh_s: float = 1.0
-    # Open places, until when; places with failures counted (a success there closes them).
-    _open: dict[str, datetime] = field(default_factory=dict)
+    # How long a probe may take before another attempt may try the place instead.
+    probe_s: float = 60.0
+    # Places that opened and have not answered since, until when they are open (past it: a
+    # probe at a time); places with failures counted (a success there closes them).
+    _tripped: dict[str, datetime] = field(default_factory=dict)
     _failing: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -44,22 +48,23 @@ class WorkerCircuits:
             if not database_unavailable(err):
                 raise
             return
-        now = datetime.now(UTC)
         self._failing = {s.place for s in standings}
-        self._open = {s.place: s.open_until for s in standings if s.open_until and s.is_open(now)}
+        self._tripped = {
+            s.place: until
+            for s in standings
+            if (until := s.open_until or s.opened_at) is not None and s.tripped
+        }
 
-    def any_open(self) -> bool:
-        now = datetime.now(UTC)
-        return any(until > now for until in self._open.values())
+    def any_tripped(self) -> bool:
+        """Whether any place's circuit opened and has not closed since: then an attempt's
+        start chooses its place (`place_of`)."""
+        return bool(self._tripped)
 
-    def is_open(self, place: str) -> bool:
-        until = self._open.get(place)
-        return until is not None and until > datetime.now(UTC)
-
-    def place_of(self, job: Job, prompt: Prompt) -> int | None:
-        """Where the job's attempt starts, if not at its place now: the next of its places
-        whose circuit is closed, when its own is open. None: where it is (its place is
-        closed, it has no other, or every other is open too)."""
+    def place_of(self, tx: WriteTx, job: Job, prompt: Prompt) -> int | None:
+        """Where the job's attempt starts, if not at its place now (in the start's
+        transaction): its own place if that is closed, or past its cool-down and this
+        attempt is its probe; else the next of its places that is so. None: where it is
+        (it has no other place, or none would take it)."""
         try:
             options = PromptOptions.model_validate(job_options(job, prompt))
         except ValueError:
@@ -71,13 +76,20 @@ class WorkerCircuits:
         if len(places) < 2:
             return None
         at = job.fallback % len(places)
-        if not self.is_open(places[at]):
-            return None
-        for step in range(1, len(places)):
+        now = datetime.now(UTC)
+        for step in range(len(places)):
             index = (at + step) % len(places)
-            if not self.is_open(places[index]):
-                return index
+            if self._takes(tx, places[index], now):
+                return None if index == at else index
         return None
+
+    def _takes(self, tx: WriteTx, place: str, now: datetime) -> bool:
+        until = self._tripped.get(place)
+        if until is None:
+            return True  # closed
+        if until > now:
+            return False  # open
+        return claim_probe(tx, place, now, self.probe_s)
 
     async def after_call(self, place: str, outcome: str) -> None:
         """What a call's end at `place` tells its circuit: an outage counts a failure (and
@@ -88,10 +100,11 @@ class WorkerCircuits:
             )
             self._failing.add(place)
             if standing.open_until is not None and standing.is_open(datetime.now(UTC)):
-                if place not in self._open or self._open[place] < standing.open_until:
+                known = self._tripped.get(place)
+                if known is None or known < standing.open_until:
                     metrics.CIRCUIT_OPENED.labels(place=place[:100]).inc()
-                self._open[place] = standing.open_until
-        elif outcome == "succeeded" and (place in self._failing or place in self._open):
+                self._tripped[place] = standing.open_until
+        elif outcome == "succeeded" and (place in self._failing or place in self._tripped):
             await self.store.succeeded(place)
             self._failing.discard(place)
-            self._open.pop(place, None)
+            self._tripped.pop(place, None)

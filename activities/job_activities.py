@@ -133,8 +133,8 @@ class JobActivities:
         draw_of = await self._draw_of(call)
         circuits = self.tools.circuits
         await circuits.refresh()
-        # Only while a place is open does the start read the job to choose its place.
-        place_of = circuits.place_of if circuits.any_open() else None
+        # Only while a place's circuit is tripped does the start read the job to choose.
+        place_of = circuits.place_of if circuits.any_tripped() else None
         started = await through_outages(
             "start attempt",
             lambda: self.projector.start_attempt(

@@ -5,18 +5,20 @@ Every attempt that ends with an outage (`provider_5xx`, `timeout`) at a place co
 failure there; a success there closes its circuit (failures back to 0). At `threshold`
 failures in a row, whichever jobs they came from, the circuit opens for `cooldown_s`: the
 workers' attempts of jobs with another place to go start there instead (activities/
-circuits.py), spending no attempt on the place that is down. Past the cool-down the next
-attempts go again, and the first failure opens it at once for another cool-down (its count
-is still past the threshold), so a place that is still down gets about one call per worker
-per cool-down; the first success closes it. Jobs with no other place run where they are.
+circuits.py), spending no attempt on the place that is down. Past the cool-down one attempt
+at a time may try it (the probe, claimed in its start's transaction: `claim_probe`) while
+the others keep going elsewhere; the probe's failure opens it again for another cool-down,
+its success closes it. So a place that stays down gets one call per cool-down from the whole
+fleet. Jobs with no other place run where they are.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -37,9 +39,37 @@ class CircuitStanding:
     open_until: datetime | None
     opened_at: datetime | None
     opened: int
+    probe_until: datetime | None = None
 
     def is_open(self, now: datetime) -> bool:
         return self.open_until is not None and self.open_until > now
+
+    @property
+    def tripped(self) -> bool:
+        """It opened and has not answered since (open, or past its cool-down)."""
+        return self.opened_at is not None
+
+
+def _standing(row: Any) -> CircuitStanding:
+    return CircuitStanding(
+        row.place, row.failures, row.open_until, row.opened_at, row.opened, row.probe_until
+    )
+
+
+def claim_probe(tx: WriteTx, place: str, now: datetime, probe_s: float) -> bool:
+    """Whether this attempt may try `place`, whose circuit is past its cool-down: the one
+    probe at a time (a probe whose worker died lets another try after `probe_s`)."""
+    claimed = tx.execute(
+        update(CIRCUITS)
+        .where(
+            CIRCUITS.c.place == place,
+            or_(CIRCUITS.c.open_until.is_(None), CIRCUITS.c.open_until <= now),
+            or_(CIRCUITS.c.probe_until.is_(None), CIRCUITS.c.probe_until <= now),
+        )
+        .values(probe_until=now + timedelta(seconds=probe_s))
+        .returning(CIRCUITS.c.place)
+    ).first()
+    return claimed is not None
 
 
 class Circuits:
@@ -57,10 +87,7 @@ class Circuits:
                 .where(ProviderCircuit.failures > 0)
                 .order_by(ProviderCircuit.place)
             )
-            return [
-                CircuitStanding(r.place, r.failures, r.open_until, r.opened_at, r.opened)
-                for r in rows.scalars()
-            ]
+            return [_standing(r) for r in rows.scalars()]
 
     async def failed(self, place: str, *, threshold: int, cooldown_s: float) -> CircuitStanding:
         """An outage failure at `place`: counted, and the circuit opened for `cooldown_s` if
@@ -77,7 +104,7 @@ class Circuits:
             row = tx.execute(
                 update(CIRCUITS)
                 .where(CIRCUITS.c.place == place)
-                .values(failures=CIRCUITS.c.failures + 1, updated_at=now)
+                .values(failures=CIRCUITS.c.failures + 1, probe_until=None, updated_at=now)
                 .returning(*CIRCUITS.c)
             ).one()
             closed = row.open_until is None or row.open_until <= now
@@ -92,9 +119,7 @@ class Circuits:
                     )
                     .returning(*CIRCUITS.c)
                 ).one()
-            return CircuitStanding(
-                row.place, row.failures, row.open_until, row.opened_at, row.opened
-            )
+            return _standing(row)
 
         return await self.writes.run(write)
 
@@ -106,7 +131,13 @@ class Circuits:
             tx.execute(
                 update(CIRCUITS)
                 .where(CIRCUITS.c.place == place, CIRCUITS.c.failures > 0)
-                .values(failures=0, open_until=None, updated_at=utcnow())
+                .values(
+                    failures=0,
+                    open_until=None,
+                    opened_at=None,
+                    probe_until=None,
+                    updated_at=utcnow(),
+                )
             )
 
         await self.writes.run(write)

@@ -399,6 +399,9 @@ class ProviderCircuit(Base):
     place: Mapped[str] = mapped_column(String(200), primary_key=True)
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     open_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Past its cool-down, while it has not answered again: one attempt at a time may try the
+    # place (the probe), until this; the others keep going elsewhere.
+    probe_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     # When it last opened, and how often, all told (`promptjobs status`, /metrics).
     opened_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     opened: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

@@ -326,7 +326,7 @@ class Projector:
         *,
         org_limit: int | None = None,
         draw_of: Callable[[Job, Prompt], Draw | None] | None = None,
-        place_of: Callable[[Job, Prompt], int | None] | None = None,
+        place_of: Callable[[WriteTx, Job, Prompt], int | None] | None = None,
     ) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
@@ -353,7 +353,7 @@ class Projector:
                 startable = seen.state is JobState.QUEUED or (
                     seen.state is JobState.RUNNING and seen.attempt < attempt
                 )
-                moved = place_of(seen, prompt) if startable and place_of is not None else None
+                moved = place_of(tx, seen, prompt) if startable and place_of is not None else None
                 if moved is not None:
                     skipped, seen.fallback = seen.fallback, moved
                     running = replace(running, fallback=moved)

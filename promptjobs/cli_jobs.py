@@ -571,7 +571,7 @@ def status(as_json: JsonOpt = False) -> None:
                 (
                     (
                         c.place,
-                        f"open until {short(c.open_until)}" if c.is_open(utcnow()) else "closed",
+                        _circuit_state(c),
                         c.failures,
                         short(c.opened_at) or "never",
                         c.opened,
@@ -632,7 +632,15 @@ def _registered(worker: WorkerProcess) -> dict[str, Any]:
 
 
 def _circuit(circuit: CircuitStanding) -> dict[str, Any]:
-    return {**asdict(circuit), "open": circuit.is_open(utcnow())}
+    return {**asdict(circuit), "open": circuit.is_open(utcnow()), "state": _circuit_state(circuit)}
+
+
+def _circuit_state(circuit: CircuitStanding) -> str:
+    if circuit.is_open(utcnow()):
+        return f"open until {short(circuit.open_until)}"
+    if circuit.tripped:
+        return "past its cool-down: one probe at a time"
+    return "closed"
 
 
 async def _status() -> tuple[

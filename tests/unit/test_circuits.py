@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
+from projections.circuits import claim_probe
 from projections.event_log import utcnow
 from promptjobs.wiring import Projection
+
+# Circuits are counted by every worker at once: each test runs on PostgreSQL too.
+BOTH_DATABASES = True
 
 PLACE = "openai/gpt-4o"
 
@@ -50,3 +54,30 @@ async def test_failures_from_many_workers_at_once_are_all_counted(
     await asyncio.gather(*(circuits.failed(PLACE, threshold=50, cooldown_s=30) for _ in range(20)))
     [standing] = await circuits.standings()
     assert standing.failures == 20
+
+
+async def test_past_the_cool_down_one_attempt_at_a_time_may_probe(
+    projection: Projection,
+) -> None:
+    circuits = projection.store.circuits
+
+    async def claim(probe_s: float = 30.0) -> bool:
+        claimed: bool = await circuits.writes.run(
+            lambda tx: claim_probe(tx, PLACE, utcnow(), probe_s)
+        )
+        return claimed
+
+    for _ in range(2):
+        await circuits.failed(PLACE, threshold=2, cooldown_s=0.2)
+    assert not await claim()  # open: nobody tries it
+    await asyncio.sleep(0.3)
+    assert await claim()  # the probe
+    assert not await claim()  # the others keep going elsewhere meanwhile
+
+    # The probe failed: open again for a cool-down, then the next probe.
+    reopened = await circuits.failed(PLACE, threshold=2, cooldown_s=0.2)
+    assert reopened.is_open(utcnow()) and reopened.probe_until is None
+    await asyncio.sleep(0.3)
+    assert await claim(probe_s=0.1)
+    await asyncio.sleep(0.2)  # that probe's worker died: another may try
+    assert await claim()

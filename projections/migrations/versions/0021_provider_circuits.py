@@ -22,6 +22,7 @@ def upgrade() -> None:
         sa.Column("place", sa.String(length=200), nullable=False),
         sa.Column("failures", sa.Integer(), server_default="0", nullable=False),
         sa.Column("open_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("probe_until", sa.DateTime(timezone=True), nullable=True),
         sa.Column("opened_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("opened", sa.Integer(), server_default="0", nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
