@@ -37,7 +37,7 @@ from activities.adapters.conversation import (
     one_message,
     with_user_text,
 )
-from activities.adapters.options import PromptOptions, options_of, targets
+from activities.adapters.options import options_of
 from activities.adapters.structured import OutputSchema, check_answer, repair_turn
 from activities.budgets import WorkerBudgets, estimate_tokens, input_estimate
 from activities.circuits import WorkerCircuits
@@ -67,8 +67,8 @@ from projections.domain.lifecycle import (
     JobState,
 )
 from projections.errors import database_unavailable
-from projections.models import Job, Prompt, job_options
-from projections.projector import Projector
+from projections.models import Job, Prompt
+from projections.projector import Moved, Projector
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
 
@@ -267,7 +267,7 @@ class Attempt:
         draw: Draw | None = None,
         *,
         probing: bool = False,
-        skipped: int | None = None,
+        moved: Moved | None = None,
     ) -> None:
         self.tools = tools
         self.call = call
@@ -279,8 +279,8 @@ class Attempt:
         # it is the call that learns its provider's limits (projections/budgets.py, probes).
         self.draw = draw
         self.probing = probing
-        # The place the attempt did not start at, its circuit being open.
-        self.skipped = skipped
+        # Where the attempt started instead of the job's place, and why.
+        self.moved = moved
         # How many places the job may run at (its own and its fallbacks').
         self.places = 1
         self._calling: asyncio.Task[AttemptResult] | None = None
@@ -312,7 +312,7 @@ class Attempt:
         meter = AttemptMeter(
             self.tools.adapters, self.tools.prices, self.job.org, request, stream.output
         )
-        meter.via = self.call.via or self._circuit_skipped(request) or None
+        meter.via = self.call.via or (self.moved.why if self.moved else None)
         self._calling = asyncio.create_task(self._complete(request, stream.output))
         try:
             try:
@@ -371,18 +371,6 @@ class Attempt:
                 "job %s attempt %d: budget %s not updated, database unavailable: %s",
                 self.job.job_id, self.number, name, err.__class__.__name__,
             )  # fmt: skip
-
-    def _circuit_skipped(self, request: AdapterRequest) -> str | None:
-        """Why the attempt runs where it does, if an open circuit sent it there."""
-        if self.skipped is None:
-            return None
-        places = targets(PromptOptions.model_validate(job_options(self.job, self.prompt)))
-        left = places[self.skipped % len(places)]
-        adapters = self.tools.adapters
-        return (
-            f"circuit open at {adapters.provider_of(left)}/{adapters.model_of(left)}: "
-            f"started at the job's place {self.job.fallback} instead"
-        )
 
     async def _request(self) -> AdapterRequest:
         return await adapter_request(self.tools.store, self.job, self.prompt, self.number)

@@ -17,6 +17,7 @@ from projections.domain.lifecycle import OUTAGE_KINDS
 from projections.errors import database_unavailable
 from projections.group_commit import WriteTx
 from projections.models import Job, Prompt, job_options
+from projections.projector import Moved
 
 
 @dataclass
@@ -30,6 +31,9 @@ class WorkerCircuits:
     refresh_s: float = 1.0
     # How long a probe may take before another attempt may try the place instead.
     probe_s: float = 60.0
+    # How long a job waits for room in its place's budget before it moves on, unless it
+    # says (options.fallback_after_s; PROMPTJOBS_FALLBACK_AFTER_S).
+    fallback_after_s: float = 30.0
     # Places that opened and have not answered since, until when they are open (past it: a
     # probe at a time); places with failures counted (a success there closes them).
     _tripped: dict[str, datetime] = field(default_factory=dict)
@@ -55,16 +59,14 @@ class WorkerCircuits:
             if (until := s.open_until or s.opened_at) is not None and s.tripped
         }
 
-    def any_tripped(self) -> bool:
+    @property
+    def choosing(self) -> bool:
         """Whether any place's circuit opened and has not closed since: then an attempt's
-        start chooses its place (`place_of`)."""
+        start chooses its place (`at_start`)."""
         return bool(self._tripped)
 
-    def place_of(self, tx: WriteTx, job: Job, prompt: Prompt) -> int | None:
-        """Where the job's attempt starts, if not at its place now (in the start's
-        transaction): its own place if that is closed, or past its cool-down and this
-        attempt is its probe; else the next of its places that is so. None: where it is
-        (it has no other place, or none would take it)."""
+    def _places(self, job: Job, prompt: Prompt) -> tuple[PromptOptions, list[str]] | None:
+        """The job's options and its places' names, if it has more than one place."""
         try:
             options = PromptOptions.model_validate(job_options(job, prompt))
         except ValueError:
@@ -73,14 +75,52 @@ class WorkerCircuits:
             budget_name(self.adapters.provider_of(o), self.adapters.model_of(o))
             for o in targets(options)
         ]
-        if len(places) < 2:
+        return (options, places) if len(places) > 1 else None
+
+    def at_start(self, tx: WriteTx, job: Job, prompt: Prompt) -> Moved | None:
+        """Where the job's attempt starts, if not at its place now (in the start's
+        transaction): its own place if that is closed, or past its cool-down and this
+        attempt is its probe; else the next of its places that is so. None: where it is
+        (it has no other place, or none would take it)."""
+        known = self._places(job, prompt)
+        if known is None:
             return None
+        _, places = known
         at = job.fallback % len(places)
         now = datetime.now(UTC)
         for step in range(len(places)):
             index = (at + step) % len(places)
             if self._takes(tx, places[index], now):
-                return None if index == at else index
+                if index == at:
+                    return None
+                why = f"circuit open at {places[at]}: started at the job's place {index} instead"
+                return Moved(index, why)
+        return None
+
+    def when_busy(
+        self, tx: WriteTx, job: Job, prompt: Prompt, waited_s: float
+    ) -> Moved | float | None:
+        """The job's budget at its place has no room: past its `fallback_after_s` of waiting,
+        the next of its places that would take it; before, how long until then."""
+        known = self._places(job, prompt)
+        if known is None:
+            return None
+        options, places = known
+        after = options.fallback_after_s
+        if after is None:
+            after = self.fallback_after_s
+        if waited_s < after:
+            return after - waited_s
+        at = job.fallback % len(places)
+        now = datetime.now(UTC)
+        for step in range(1, len(places)):
+            index = (at + step) % len(places)
+            if self._takes(tx, places[index], now):
+                why = (
+                    f"waited {waited_s:.0f} s for room in {places[at]}'s budget: started at "
+                    f"the job's place {index} instead"
+                )
+                return Moved(index, why, again_s=max(after, 1.0))
         return None
 
     def _takes(self, tx: WriteTx, place: str, now: datetime) -> bool:

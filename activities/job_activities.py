@@ -77,6 +77,7 @@ class JobActivities:
         own_slots: int = 0,
         circuit_failures: int = 5,
         circuit_cooldown_s: float = 30.0,
+        fallback_after_s: float = 30.0,
     ) -> None:
         self.store = store
         self.projector = store.projector
@@ -98,6 +99,7 @@ class JobActivities:
                 adapters,
                 threshold=circuit_failures,
                 cooldown_s=circuit_cooldown_s,
+                fallback_after_s=fallback_after_s,
             ),
         )
         # An attempt tells its workflow it is running (for the Web UI) only once it has run
@@ -131,10 +133,7 @@ class JobActivities:
     async def _attempt(self, call: AdapterCall, attempt: int) -> AdapterOutcome:
         org_limit = await self._org_limit() if call.admission else None
         draw_of = await self._draw_of(call)
-        circuits = self.tools.circuits
-        await circuits.refresh()
-        # Only while a place's circuit is tripped does the start read the job to choose.
-        place_of = circuits.place_of if circuits.any_tripped() else None
+        await self.tools.circuits.refresh()
         started = await through_outages(
             "start attempt",
             lambda: self.projector.start_attempt(
@@ -143,7 +142,7 @@ class JobActivities:
                 self.worker,
                 org_limit=org_limit,
                 draw_of=draw_of,
-                place_of=place_of,
+                places=self.tools.circuits,
             ),
         )
         if started.budget_wait is not None:
@@ -189,7 +188,7 @@ class JobActivities:
                 running,
                 draw,
                 probing=probing,
-                skipped=started.skipped,
+                moved=started.moved,
             ).run()
         if not call.settle_success:
             await self.tools.settling.usage(done.usage, done.tail)

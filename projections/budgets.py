@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, func, or_, select, text, update
+from sqlalchemy import Row, Select, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -163,6 +163,30 @@ def claim_probe(tx: WriteTx, budget: str, now: datetime) -> None:
     at most). The budget is made if it is new."""
     _ensure(tx, budget, now)
     tx.execute(update(BUDGETS).where(BUDGETS.c.name == budget).values(probe_until=now + PROBE_FOR))
+
+
+def waiter_of(tx: WriteTx, job_id: str) -> Row[Any] | None:
+    """The job's place among its budget's waiters (and since when it waits), if it waits."""
+    waiter: Row[Any] | None = tx.execute(select(WAITERS).where(WAITERS.c.job_id == job_id)).first()
+    return waiter
+
+
+def wait_again(tx: WriteTx, waiter: Row[Any]) -> None:
+    """Put the job back in its place among a budget's waiters (as `waiter_of` read it)."""
+    tx.execute(WAITERS.insert().values(**waiter._mapping))
+
+
+def ask_again_by(tx: WriteTx, job_id: str, wait: BudgetWait, by: datetime) -> BudgetWait:
+    """The wait, asked again by `by` at the latest (the job may move on to another of its
+    places then): on its row too."""
+    if wait.until <= by:
+        return wait
+    tx.execute(
+        update(JOBS)
+        .where(JOBS.c.job_id == job_id, JOBS.c.state == JobState.QUEUED)
+        .values(next_attempt_at=by)
+    )
+    return replace(wait, until=by)
 
 
 def stop_waiting(tx: WriteTx, job_id: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -73,6 +73,38 @@ class Transition:
     fallback: int | None = None
 
 
+@dataclass(frozen=True)
+class Moved:
+    """An attempt that starts at another of its job's places (`options.fallbacks`): which
+    (the index the job's row keeps), and why, for the attempt's record."""
+
+    place: int
+    why: str
+    # If the new place has no room either: ask again within this long.
+    again_s: float | None = None
+
+
+class Places(Protocol):
+    """Where a job's attempt starts, decided in its start's transaction (the worker's view
+    of the circuits and of each job's places: activities/circuits.py)."""
+
+    @property
+    def choosing(self) -> bool:
+        """Whether an attempt may start elsewhere than its place, whatever its budget (a
+        circuit is tripped): then the start reads the job to ask `at_start`."""
+        ...
+
+    def at_start(self, tx: WriteTx, job: Job, prompt: Prompt) -> Moved | None: ...
+
+    def when_busy(
+        self, tx: WriteTx, job: Job, prompt: Prompt, waited_s: float
+    ) -> Moved | float | None:
+        """The job's budget has no room, and it has waited `waited_s` for it: another place
+        to start at now, or the seconds after which to ask again (to move on then), or
+        None (wait as the budget says)."""
+        ...
+
+
 @dataclass
 class Applied:
     """What the projector did: whether the transition took, and the row as it now stands."""
@@ -94,9 +126,9 @@ class Applied:
     # call needs both; a read of its own cost the worker more than the write).
     job: Job | None = None
     prompt: Prompt | None = None
-    # An attempt started at another of its job's places because its own one's circuit is
-    # open: the place it skipped (projections/circuits.py).
-    skipped: int | None = None
+    # An attempt started at another of its job's places (its own one's circuit open, or its
+    # budget kept the job waiting too long): where, and why.
+    moved: Moved | None = None
     # A success: the started jobs of the prompt's chained children that wait on their
     # parents, to be woken (read in the same transaction; the dispatcher's safety net,
     # chain_store.ready_to_wake, catches a child that began waiting meanwhile).
@@ -318,6 +350,12 @@ class Projector:
             self.on_commit()
         return written
 
+    def _room(
+        self, tx: WriteTx, job_id: str, draw: Draw | None, now: datetime
+    ) -> Draw | BudgetWait | budgets.Probe | None:
+        """Whether the call fits its budget now (no draw: nothing to check)."""
+        return None if draw is None else budgets.check(tx, job_id, draw, now, self.budget_window)
+
     async def start_attempt(
         self,
         job_id: str,
@@ -326,7 +364,7 @@ class Projector:
         *,
         org_limit: int | None = None,
         draw_of: Callable[[Job, Prompt], Draw | None] | None = None,
-        place_of: Callable[[WriteTx, Job, Prompt], int | None] | None = None,
+        places: Places | None = None,
     ) -> Applied:
         """Attempt `attempt` begins. If the row still shows an earlier attempt running, that
         attempt's worker died without reporting (heartbeat timeout): record it as
@@ -335,10 +373,10 @@ class Projector:
         provider budget (projections/budgets.py), and takes its draw as it starts; with
         `org_limit` (the default running limit) the job must hold one of its org's slots
         (projections/admission.py). Refused either, nothing changes but the record of the
-        wait, and `budget_wait` or `waiting` says why. With `place_of` (where the job's attempt
-        starts instead, if its place's circuit is open) the attempt may start at another of
-        the job's places, set on its row in the same transition (`skipped` says which one it
-        left)."""
+        wait, and `budget_wait` or `waiting` says why. With `places` the attempt may start at
+        another of the job's places (its own one's circuit open, or its budget kept the job
+        waiting past `fallback_after_s`), set on its row in the same transition (`moved` says
+        where and why)."""
 
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
@@ -346,26 +384,52 @@ class Projector:
             draw: Draw | None = None
             drew = probe = False
             prompt: Prompt | None = None
-            skipped: int | None = None
-            reads = draw_of is not None or place_of is not None
+            moved: Moved | None = None
+            reads = draw_of is not None or (places is not None and places.choosing)
             if reads and (seen := _job_row(tx, job_id)) is not None:
                 prompt = _prompt_of(tx, seen.prompt_id)
                 startable = seen.state is JobState.QUEUED or (
                     seen.state is JobState.RUNNING and seen.attempt < attempt
                 )
-                moved = place_of(tx, seen, prompt) if startable and place_of is not None else None
-                if moved is not None:
-                    skipped, seen.fallback = seen.fallback, moved
-                    running = replace(running, fallback=moved)
+
+                row: Job = seen
+
+                def move(to: Moved) -> None:
+                    nonlocal moved, running
+                    moved, row.fallback = to, to.place
+                    running = replace(running, fallback=to.place)
+
+                if startable and places is not None and places.choosing:
+                    if (at := places.at_start(tx, seen, prompt)) is not None:
+                        move(at)
                 draw = draw_of(seen, prompt) if startable and draw_of is not None else None
-                if draw is not None:
-                    room = budgets.check(tx, job_id, draw, now, self.budget_window)
-                    if isinstance(room, BudgetWait):
-                        return Applied(False, seen.state, seen.attempt, budget_wait=room)
-                    if isinstance(room, budgets.Probe):
-                        probe, room = True, room.draw
-                    drew = room is not None
-                    draw = room or draw
+                room = self._room(tx, job_id, draw, now)
+                if isinstance(room, BudgetWait) and places is not None and draw is not None:
+                    waiter = budgets.waiter_of(tx, job_id)
+                    waited = (now - (waiter.since if waiter else now)).total_seconds()
+                    step = places.when_busy(tx, seen, prompt, waited)
+                    if isinstance(step, Moved):
+                        budgets.stop_waiting(tx, job_id)
+                        move(step)
+                        draw = draw_of(seen, prompt) if draw_of is not None else None
+                        room = self._room(tx, job_id, draw, now)
+                        if isinstance(room, BudgetWait) and waiter is not None:
+                            # No room there either: it keeps its place in line where it was
+                            # (that budget's room wakes it), and looks at the other again.
+                            budgets.stop_waiting(tx, job_id)
+                            budgets.wait_again(tx, waiter)
+                            if step.again_s is not None:
+                                by = now + timedelta(seconds=step.again_s)
+                                room = budgets.ask_again_by(tx, job_id, room, by)
+                    elif step is not None:
+                        # Asked again when the job may move on, if the room is not there first.
+                        room = budgets.ask_again_by(tx, job_id, room, now + timedelta(seconds=step))
+                if isinstance(room, BudgetWait):
+                    return Applied(False, seen.state, seen.attempt, budget_wait=room)
+                if isinstance(room, budgets.Probe):
+                    probe, room = True, room.draw
+                drew = room is not None
+                draw = room or draw
 
             def drawn() -> None:
                 """The call starts: its draw is taken, its probe claimed."""
@@ -387,7 +451,7 @@ class Projector:
                 drawn()
                 reset_output(tx, job, now)
                 started = _started(tx, job, [job.last_event_id], prompt)
-                return replace(started, draw=draw, drew=drew, skipped=skipped)
+                return replace(started, draw=draw, drew=drew, moved=moved)
             seen = current(tx, job_id)
             if seen is None:
                 raise LookupError(f"no job {job_id}")
@@ -411,7 +475,7 @@ class Projector:
             drawn()
             reset_output(tx, job, now)
             started = _started(tx, job, events, prompt)
-            return replace(started, draw=draw, drew=drew, skipped=skipped)
+            return replace(started, draw=draw, drew=drew, moved=moved)
 
         return self._committed(await self.writes.run(write))
 

@@ -91,6 +91,7 @@ def build_worker(
         own_slots=settings.worker_max_concurrent_activities,
         circuit_failures=settings.circuit_failures,
         circuit_cooldown_s=settings.circuit_cooldown_s,
+        fallback_after_s=settings.fallback_after_s,
     )
     batches = BatchActivities(projection.store, adapters, settings.backoff, activities.tools.prices)
     return Worker(

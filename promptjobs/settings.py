@@ -235,6 +235,10 @@ class Settings(BaseSettings):
     circuit_cooldown_s: float = Field(default=30.0, gt=0)
     """How long an open circuit sends jobs elsewhere before the next call tries the place
     again (a failure opens it again at once; a success closes it)."""
+    fallback_after_s: float = Field(default=30.0, ge=0)
+    """How long a job with other places (`options.fallbacks`, a route) waits for room in its
+    place's provider budget before its attempt starts at the next place instead, spending
+    no attempt; a job may say its own (`options.fallback_after_s`)."""
     routes_file: Path | None = None
     """Named routes (TOML): `[routes]` with `NAME = ["provider/model", …]`, the places a job
     naming the route runs at, in order (the first, then the others as its fallbacks;

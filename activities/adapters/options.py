@@ -102,6 +102,14 @@ class PromptOptions(BaseModel):
         "the request is over its context window, the next attempt runs on the next of "
         "these (the whole request unchanged), and after the last on the first again",
     )
+    fallback_after_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=86_400,
+        description="How long the job waits for room in its place's provider budget before "
+        "it starts at its next place instead (spending no attempt); default: the "
+        "server's (PROMPTJOBS_FALLBACK_AFTER_S)",
+    )
     fake: FakeOptions | None = Field(default=None, description="Behaviour of the fake provider")
     deferrable: bool | None = Field(
         default=None,

@@ -5,6 +5,7 @@ worker and the mock provider speaking OpenAI's and Anthropic's protocols."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 from temporalio.testing import WorkflowEnvironment
 
+from projections.event_log import utcnow
 from tests.conftest import (
     MockProviderServer,
     Stack,
@@ -255,3 +257,33 @@ async def test_a_place_down_for_everyone_is_skipped_once_its_circuit_opens(
     )
     scraped = (await circuit_stack.http.get("/metrics")).text
     assert 'promptjobs_circuit_open{place="openai/mock:fail=503,503,503,503"} 1.0' in scraped
+
+
+async def test_a_job_kept_waiting_by_its_budget_moves_on_spending_no_attempt(
+    provider_stack: Stack, mock_provider: MockProviderServer
+) -> None:
+    # Two requests a minute at the first place; eight jobs that may wait 1 s for it.
+    place = f"openai/gpt-busy-{uuid.uuid4().hex[:6]}"
+    await provider_stack.projection.store.budgets.set_limits(place, 2, None, utcnow())
+    options = {
+        "provider": "openai",
+        "model": place.split("/", 1)[1],
+        "fallbacks": STANDBY,
+        "fallback_after_s": 1,
+    }
+    accepted = [
+        (await provider_stack.submit(f"busy {i} {uuid.uuid4().hex}", options=options))["job_id"]
+        for i in range(8)
+    ]
+    jobs = [await provider_stack.settled(job_id, timeout=40) for job_id in accepted]
+
+    assert [(j["state"], j["attempt"]) for j in jobs] == [("succeeded", 1)] * 8
+    ran = [(await attempts(provider_stack, j["job_id"]))[0] for j in jobs]
+    first = [a for a in ran if a["provider"] == "openai"]
+    moved = [a for a in ran if a["provider"] == "anthropic"]
+    assert len(first) == 2 and len(moved) == 6, [(a["provider"], a["via"]) for a in ran]
+    said = re.compile(
+        rf"waited \d+ s for room in {re.escape(place)}'s budget: started at the job's place 1 "
+        "instead"
+    )
+    assert all(said.fullmatch(a["via"]) for a in moved), [a["via"] for a in moved]
