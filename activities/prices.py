@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from activities.toml_files import read_toml_file
 
 # What a call in a provider batch costs of the direct price: OpenAI's Batch API and
 # Anthropic's Message Batches both charge half. A model's `batch` in the file says otherwise.
@@ -95,22 +96,14 @@ class PriceTable:
 
 
 def read_price_file(path: Path) -> dict[str, Price]:
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise InvalidPrices(f"cannot read the price file {path}: {err.strerror}") from err
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InvalidPrices(f"the price file {path} is not TOML: {err}") from err
-    try:
-        parsed = _PriceFile.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidPrices(
-            f'the price file {path}: {where}: {first["msg"]} (expected [models."NAME"] '
-            "tables with `input` and `output` in USD per million tokens, and optionally "
-            "`batch`, the share a provider batch costs, 0.5 by default)"
-        ) from err
+    parsed = read_toml_file(
+        path,
+        _PriceFile,
+        "the price file",
+        '[models."NAME"] tables with `input` and `output` in USD per million tokens, and '
+        "optionally `batch`, the share a provider batch costs, 0.5 by default",
+        InvalidPrices,
+    )
     return {
         name: Price(price.input, price.output, price.batch) for name, price in parsed.models.items()
     }

@@ -10,14 +10,14 @@ first place, with the others as its `fallbacks`, as the route read when it was s
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from activities.adapters.options import MAX_FALLBACKS
+from activities.toml_files import read_toml_file
 
 ROUTE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
 PlaceText = Annotated[str, StringConstraints(min_length=1, max_length=161, pattern=r"^[^\x00]+$")]
@@ -53,20 +53,12 @@ class _RoutesFile(BaseModel):
 def read_routes(path: Path) -> dict[str, list[Place]]:
     """The routes of the file at `path`, each a list of places; InvalidRoutes saying why not.
     Whether each place's provider is one of this deployment's is the registry's check."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise InvalidRoutes(f"cannot read the routes file {path}: {err.strerror}") from err
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise InvalidRoutes(f"the routes file {path} is not TOML: {err}") from err
-    try:
-        parsed = _RoutesFile.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise InvalidRoutes(
-            f"the routes file {path}: {where}: {first['msg']} (expected a [routes] table of "
-            f'NAME = ["provider/model", …], 1 to {MAX_FALLBACKS + 1} places, names of letters, '
-            "digits and . _ : -)"
-        ) from err
+    parsed = read_toml_file(
+        path,
+        _RoutesFile,
+        "the routes file",
+        f'a [routes] table of NAME = ["provider/model", …], 1 to {MAX_FALLBACKS + 1} places, '
+        "names of letters, digits and . _ : -",
+        InvalidRoutes,
+    )
     return {name: [Place.parse(p) for p in places] for name, places in parsed.routes.items()}

@@ -266,17 +266,20 @@ class StartRecorder(Interceptor):
         return Recorded(next)
 
 
+def recorded_dispatcher(stack: Stack, max_starts: int) -> tuple[StartRecorder, Dispatcher]:
+    """A dispatcher whose workflow starts are recorded as Temporal receives them."""
+    recorder = StartRecorder()
+    client = Client(
+        stack.client.service_client, namespace=stack.client.namespace, interceptors=[recorder]
+    )
+    return recorder, dispatcher_of(stack, client, dispatcher_max_starts=max_starts)
+
+
 async def test_a_burst_of_submits_starts_each_workflow_once_the_most_urgent_first(
     quiet_stack: Stack,
 ) -> None:
     stack = quiet_stack
-    recorder = StartRecorder()
-    client = Client(
-        stack.client.service_client,
-        namespace=stack.client.namespace,
-        interceptors=[recorder],
-    )
-    dispatcher = dispatcher_of(stack, client, dispatcher_max_starts=4)
+    recorder, dispatcher = recorded_dispatcher(stack, max_starts=4)
     routine = [await accept(stack, priority=50) for _ in range(24)]
     urgent = [await accept(stack, priority=0) for _ in range(4)]
 
@@ -298,13 +301,7 @@ async def test_one_orgs_burst_does_not_hold_another_orgs_starts_behind_it(
     quiet_stack: Stack,
 ) -> None:
     stack = quiet_stack
-    recorder = StartRecorder()
-    client = Client(
-        stack.client.service_client,
-        namespace=stack.client.namespace,
-        interceptors=[recorder],
-    )
-    dispatcher = dispatcher_of(stack, client, dispatcher_max_starts=2)
+    recorder, dispatcher = recorded_dispatcher(stack, max_starts=2)
     burst = [await accept(stack, Scope("initech", "ida")) for _ in range(20)]
     others = [await accept(stack) for _ in range(4)]
 
