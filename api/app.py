@@ -22,6 +22,7 @@ from api.routes import (
     page,
     prompts,
     responses,
+    usage,
 )
 
 # Room for the JSON envelope around the largest prompt allowed (options, escapes).
@@ -58,6 +59,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         files,
         batches,
         events,
+        usage,
         health,
         metrics,
         page,

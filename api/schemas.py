@@ -436,3 +436,35 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     status: str = Field(description="`ready`, or `not_ready` when a dependency is unreachable")
     checks: dict[str, str] = Field(description="`database` and `temporal`: `ok` or why not")
+
+
+class SpendOut(BaseModel):
+    """What some attempts consumed: all of a period's, or one model's, or one user's."""
+
+    provider: str | None = Field(default=None, description="The model's provider (by model)")
+    model: str | None = Field(default=None, description="The model asked for (by model)")
+    user: str | None = Field(default=None, description="Who submitted the jobs (by user)")
+    attempts: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float = Field(description="US dollars, by the price table")
+    unpriced_attempts: int = Field(
+        description="Attempts on a model the price table does not price: not in `cost_usd`"
+    )
+
+
+class SpendPeriod(SpendOut):
+    since: Timestamp = Field(description="The period's start (UTC midnight, or the month's first)")
+    by_model: list[SpendOut]
+    by_user: list[SpendOut] | None = Field(
+        default=None, description="Per user who submitted (an admin's view; null for a member)"
+    )
+
+
+class UsageOut(BaseModel):
+    org: str
+    user: str | None = Field(
+        default=None, description="A member's own spend: their user; null: the whole org's"
+    )
+    today: SpendPeriod
+    month: SpendPeriod

@@ -4,7 +4,7 @@ prompts with their jobs, responses."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import JSON, ColumnElement, Select, Text, and_, case, func, or_, select, type_coerce
@@ -69,6 +69,21 @@ class AttemptStanding:
     state: JobState
     attempt: int
     cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class SpendLine:
+    """What the attempts of one provider's model, for one user's jobs, consumed."""
+
+    provider: str
+    model: str
+    user: str
+    attempts: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    # Attempts on a model the price table does not price: their cost is not in `cost_usd`.
+    unpriced: int
 
 
 class JobReads:
@@ -142,6 +157,32 @@ class JobReads:
                 .limit(1)
             )
             return (await session.execute(stmt)).scalar_one_or_none()
+
+    async def spend(self, scope: Scope, since: datetime) -> list[SpendLine]:
+        """What the caller's attempts that ended at or after `since` consumed (an admin: the
+        org's), per provider, model and the user who submitted each job."""
+        by_place = cast(
+            Select[Any],
+            select(
+                AttemptRecord.provider,
+                AttemptRecord.model,
+                Job.author,
+                func.count(),
+                func.coalesce(func.sum(AttemptRecord.input_tokens), 0),
+                func.coalesce(func.sum(AttemptRecord.output_tokens), 0),
+                func.coalesce(func.sum(AttemptRecord.cost_usd), 0.0),
+                func.count() - func.count(AttemptRecord.cost_usd),
+            )
+            .join(Job, Job.job_id == AttemptRecord.job_id)
+            .where(AttemptRecord.ended_at >= since)
+            .group_by(AttemptRecord.provider, AttemptRecord.model, Job.author),
+        )
+        async with self.sessions() as session:
+            rows = (await session.execute(scoped(by_place, Job, scope))).all()
+        return [
+            SpendLine(p, m, a, int(n), int(i), int(o), round(float(c), 9), int(u))
+            for p, m, a, n, i, o, c, u in rows
+        ]
 
     async def attempt_record(self, job_id: str, attempt: int) -> AttemptRecord | None:
         """Attempt `attempt` of the job as it was recorded, if it was (a worker lost during

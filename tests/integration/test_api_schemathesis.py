@@ -128,6 +128,7 @@ def test_the_document_describes_every_route(api_schema: BaseSchema) -> None:
         ("GET", "/v1/batches/{batch_id}"),
         ("POST", "/v1/batches/{batch_id}/cancel"),
         ("GET", "/v1/events"),
+        ("GET", "/v1/usage"),
         ("GET", "/healthz"),
         ("GET", "/readyz"),
         ("GET", "/metrics"),

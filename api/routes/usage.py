@@ -1,0 +1,73 @@
+"""GET /v1/usage: what the caller's jobs have spent today and this month (an admin: the org's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+
+from fastapi import APIRouter
+
+from api.deps import Caller, ContextDep
+from api.problems import problem_responses
+from api.schemas import SpendOut, SpendPeriod, UsageOut
+from projections.reads import SpendLine
+
+router = APIRouter(prefix="/v1/usage", tags=["usage"])
+
+
+@router.get("", response_model=UsageOut, responses=problem_responses(401))
+async def read_usage(caller: Caller, ctx: ContextDep) -> UsageOut:
+    """Tokens and dollars the attempts of your jobs consumed since the start of today and of
+    this month (UTC), by provider and model; an admin key reads the whole org's, by user
+    too. Costs are the price table's (`PROMPTJOBS_PRICES_FILE`): an attempt on a model it
+    does not price is counted in `unpriced_attempts`, not in `cost_usd`."""
+    now = datetime.now(UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    month = day.replace(day=1)
+    # One read, from the month's start; the day is the part of it since midnight.
+    by_user = caller.author is None
+    lines_month = await ctx.store.spend(caller, month)
+    lines_day = await ctx.store.spend(caller, day) if day > month else lines_month
+    return UsageOut(
+        org=caller.org,
+        user=None if by_user else caller.user,
+        today=_period(day, lines_day, by_user),
+        month=_period(month, lines_month, by_user),
+    )
+
+
+def _period(since: datetime, lines: list[SpendLine], by_user: bool) -> SpendPeriod:
+    return SpendPeriod(
+        since=since,
+        **_sum(lines).model_dump(),
+        by_model=_group(lines, lambda line: (line.provider, line.model), by="model"),
+        by_user=_group(lines, lambda line: (None, line.user), by="user") if by_user else None,
+    )
+
+
+def _group(
+    lines: Iterable[SpendLine], key: Callable[[SpendLine], tuple[str | None, str]], by: str
+) -> list[SpendOut]:
+    groups: dict[tuple[str | None, str], list[SpendLine]] = {}
+    for line in lines:
+        groups.setdefault(key(line), []).append(line)
+    out = []
+    for (provider, name), members in sorted(groups.items(), key=lambda g: (g[0][0] or "", g[0][1])):
+        total = _sum(members)
+        if by == "model":
+            total = total.model_copy(update={"provider": provider, "model": name})
+        else:
+            total = total.model_copy(update={"user": name})
+        out.append(total)
+    return out
+
+
+def _sum(lines: Iterable[SpendLine]) -> SpendOut:
+    lines = list(lines)
+    return SpendOut(
+        attempts=sum(line.attempts for line in lines),
+        input_tokens=sum(line.input_tokens for line in lines),
+        output_tokens=sum(line.output_tokens for line in lines),
+        cost_usd=round(sum(line.cost_usd for line in lines), 9),
+        unpriced_attempts=sum(line.unpriced for line in lines),
+    )
