@@ -1,6 +1,8 @@
-"""A worker's view of the fleet's provider circuits (projections/circuits.py): which places are
-open now (read at most every `refresh_s`), where a job's attempt starts when its place is
-open, and what each call's end tells the circuit of its place."""
+"""Where a job's attempt starts, as a worker decides it in the start's transaction (the
+projector's `Places`): the worker's view of the fleet's provider circuits (projections/
+circuits.py, read at most every `refresh_s`) sends an attempt past a place whose circuit is
+open, and a job kept waiting by its place's budget longer than its `fallback_after_s` to its
+next place; and what each call's end tells the circuit of its place."""
 
 from __future__ import annotations
 
