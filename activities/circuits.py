@@ -31,8 +31,9 @@ class WorkerCircuits:
     threshold: int = 5
     cooldown_s: float = 30.0
     refresh_s: float = 1.0
-    # How long a probe may take before another attempt may try the place instead.
-    probe_s: float = 60.0
+    # How long a probe's claim holds before another attempt may try the place instead: a
+    # probe whose worker died (or whose start went no further) gives way after this.
+    probe_s: float = 30.0
     # How long a job waits for room in its place's budget before it moves on, unless it
     # says (options.fallback_after_s; PROMPTJOBS_FALLBACK_AFTER_S).
     fallback_after_s: float = 30.0
@@ -150,3 +151,5 @@ class WorkerCircuits:
             await self.store.succeeded(place)
             self._failing.discard(place)
             self._tripped.pop(place, None)
+        elif place in self._tripped:
+            await self.store.probed(place)

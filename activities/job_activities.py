@@ -78,6 +78,7 @@ class JobActivities:
         circuit_failures: int = 5,
         circuit_cooldown_s: float = 30.0,
         fallback_after_s: float = 30.0,
+        heartbeat_s: float = 10.0,
     ) -> None:
         self.store = store
         self.projector = store.projector
@@ -100,6 +101,8 @@ class JobActivities:
                 threshold=circuit_failures,
                 cooldown_s=circuit_cooldown_s,
                 fallback_after_s=fallback_after_s,
+                # A probe outlives its worker by no more than the heartbeat would.
+                probe_s=3 * heartbeat_s,
             ),
         )
         # An attempt tells its workflow it is running (for the Web UI) only once it has run

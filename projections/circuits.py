@@ -123,6 +123,19 @@ class Circuits:
 
         return await self.writes.run(write)
 
+    async def probed(self, place: str) -> None:
+        """A call at `place` ended saying nothing of it (a client error, a cancel): its probe,
+        if it was one, is over; the next attempt may try."""
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(CIRCUITS)
+                .where(CIRCUITS.c.place == place, CIRCUITS.c.probe_until.is_not(None))
+                .values(probe_until=None)
+            )
+
+        await self.writes.run(write)
+
     async def succeeded(self, place: str) -> None:
         """A success at `place`: its circuit closes (nothing is written for a place that
         has not failed)."""
