@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from fastapi import APIRouter
 
@@ -24,7 +25,7 @@ async def read_usage(caller: Caller, ctx: ContextDep) -> UsageOut:
     now = datetime.now(UTC)
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     month = day.replace(day=1)
-    # One read, from the month's start; the day is the part of it since midnight.
+    # The month's and the day's (one and the same on the month's first day).
     by_user = caller.author is None
     lines_month = await ctx.store.spend(caller, month)
     lines_day = await ctx.store.spend(caller, day) if day > month else lines_month
@@ -40,26 +41,29 @@ def _period(since: datetime, lines: list[SpendLine], by_user: bool) -> SpendPeri
     return SpendPeriod(
         since=since,
         **_sum(lines).model_dump(),
-        by_model=_group(lines, lambda line: (line.provider, line.model), by="model"),
-        by_user=_group(lines, lambda line: (None, line.user), by="user") if by_user else None,
+        by_model=[
+            _sum(group).model_copy(update={"provider": provider, "model": model})
+            for (provider, model), group in _grouped(lines, lambda x: (x.provider, x.model))
+        ],
+        by_user=[
+            _sum(group).model_copy(update={"user": user})
+            for user, group in _grouped(lines, lambda x: x.user)
+        ]
+        if by_user
+        else None,
     )
 
 
-def _group(
-    lines: Iterable[SpendLine], key: Callable[[SpendLine], tuple[str | None, str]], by: str
-) -> list[SpendOut]:
-    groups: dict[tuple[str | None, str], list[SpendLine]] = {}
+K = TypeVar("K", str, tuple[str, str])
+
+
+def _grouped(
+    lines: Iterable[SpendLine], key: Callable[[SpendLine], K]
+) -> list[tuple[K, list[SpendLine]]]:
+    groups: dict[K, list[SpendLine]] = {}
     for line in lines:
         groups.setdefault(key(line), []).append(line)
-    out = []
-    for (provider, name), members in sorted(groups.items(), key=lambda g: (g[0][0] or "", g[0][1])):
-        total = _sum(members)
-        if by == "model":
-            total = total.model_copy(update={"provider": provider, "model": name})
-        else:
-            total = total.model_copy(update={"user": name})
-        out.append(total)
-    return out
+    return sorted(groups.items())
 
 
 def _sum(lines: Iterable[SpendLine]) -> SpendOut:
