@@ -603,11 +603,9 @@ class Attempt:
             "read the attempt before",
             lambda: self.tools.store.attempt_record(self.job.job_id, self.number - 1),
         )
-        same_place = before is not None and (before.provider, before.model) == (
-            usage.provider,
-            usage.model,
-        )
-        return 2 if same_place and before is not None and before.outcome in OUTAGE_KINDS else 1
+        if before is None or (before.provider, before.model) != (usage.provider, usage.model):
+            return 1
+        return 2 if before.outcome in OUTAGE_KINDS else 1
 
 
 # -- what an attempt tells Temporal and its workflow ---------------------------------------

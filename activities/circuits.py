@@ -90,15 +90,11 @@ class WorkerCircuits:
             return None
         _, places = known
         at = job.fallback % len(places)
-        now = datetime.now(UTC)
-        for step in range(len(places)):
-            index = (at + step) % len(places)
-            if self._takes(tx, places[index], now):
-                if index == at:
-                    return None
-                why = f"circuit open at {places[at]}: started at the job's place {index} instead"
-                return Moved(index, why)
-        return None
+        index = self._first_taking(tx, places, at, len(places))
+        if index is None or index == at:
+            return None
+        why = f"circuit open at {places[at]}: started at the job's place {index} instead"
+        return Moved(index, why)
 
     def when_busy(
         self, tx: WriteTx, job: Job, prompt: Prompt, waited_s: float
@@ -115,15 +111,23 @@ class WorkerCircuits:
         if waited_s < after:
             return after - waited_s
         at = job.fallback % len(places)
+        index = self._first_taking(tx, places, at + 1, len(places) - 1)
+        if index is None:
+            return None
+        why = (
+            f"waited {waited_s:.0f} s for room in {places[at]}'s budget: started at the job's "
+            f"place {index} instead"
+        )
+        return Moved(index, why, again_s=max(after, 1.0))
+
+    def _first_taking(self, tx: WriteTx, places: list[str], first: int, count: int) -> int | None:
+        """The first of the `count` places from `first` on (going round) that would take an
+        attempt now: closed, or past its cool-down with this attempt as its probe."""
         now = datetime.now(UTC)
-        for step in range(1, len(places)):
-            index = (at + step) % len(places)
+        for step in range(count):
+            index = (first + step) % len(places)
             if self._takes(tx, places[index], now):
-                why = (
-                    f"waited {waited_s:.0f} s for room in {places[at]}'s budget: started at "
-                    f"the job's place {index} instead"
-                )
-                return Moved(index, why, again_s=max(after, 1.0))
+                return index
         return None
 
     def _takes(self, tx: WriteTx, place: str, now: datetime) -> bool:

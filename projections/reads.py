@@ -84,6 +84,8 @@ class SpendLine:
     cost_usd: float
     # Attempts on a model the price table does not price: their cost is not in `cost_usd`.
     unpriced: int
+    # Whether they ended in the read's recent part (`JobReads.spend`).
+    recent: bool = False
 
 
 class JobReads:
@@ -158,15 +160,18 @@ class JobReads:
             )
             return (await session.execute(stmt)).scalar_one_or_none()
 
-    async def spend(self, scope: Scope, since: datetime) -> list[SpendLine]:
+    async def spend(self, scope: Scope, since: datetime, recent: datetime) -> list[SpendLine]:
         """What the caller's attempts that ended at or after `since` consumed (an admin: the
-        org's), per provider, model and the user who submitted each job."""
+        org's), per provider, model, the user who submitted each job, and whether they ended
+        at or after `recent` too (a month's and its last day's, in one read)."""
+        is_recent = case((AttemptRecord.ended_at >= recent, True), else_=False)
         by_place = cast(
             Select[Any],
             select(
                 AttemptRecord.provider,
                 AttemptRecord.model,
                 Job.author,
+                is_recent,
                 func.count(),
                 func.coalesce(func.sum(AttemptRecord.input_tokens), 0),
                 func.coalesce(func.sum(AttemptRecord.output_tokens), 0),
@@ -175,13 +180,13 @@ class JobReads:
             )
             .join(Job, Job.job_id == AttemptRecord.job_id)
             .where(AttemptRecord.ended_at >= since)
-            .group_by(AttemptRecord.provider, AttemptRecord.model, Job.author),
+            .group_by(AttemptRecord.provider, AttemptRecord.model, Job.author, is_recent),
         )
         async with self.sessions() as session:
             rows = (await session.execute(scoped(by_place, Job, scope))).all()
         return [
-            SpendLine(p, m, a, int(n), int(i), int(o), round(float(c), 9), int(u))
-            for p, m, a, n, i, o, c, u in rows
+            SpendLine(p, m, a, int(n), int(i), int(o), round(float(c), 9), int(u), bool(r))
+            for p, m, a, r, n, i, o, c, u in rows
         ]
 
     async def attempt_record(self, job_id: str, attempt: int) -> AttemptRecord | None:

@@ -6,7 +6,6 @@ translates its wire shape into a `Submission` and nothing else."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,6 +25,7 @@ from activities.adapters.conversation import (
 )
 from activities.adapters.options import PromptOptions
 from activities.budgets import least_tokens
+from activities.stale import AtMostEvery
 from projections import metrics
 from projections.budgets import OverBudget, budget_name
 from projections.domain.chains import check_placeholders
@@ -33,7 +33,6 @@ from projections.domain.errors import check_size
 from projections.models import Batch, Job
 from projections.openai_batches import Line
 from projections.scope import Scope
-from projections.shared_reads import SharedReads
 from projections.store import JobStore
 from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
@@ -77,8 +76,8 @@ class JobService:
         self.metrics_org_labels = metrics_org_labels
         self.max_jobs_per_prompt = max_jobs_per_prompt
         self._token_limits: dict[str, int] = {}
-        self._budgets_read_at: float | None = None
-        self._budget_reads: SharedReads[None, None] = SharedReads()
+        # One read at a time, whatever the requests in flight: a burst does not read 32 times.
+        self._read_budgets = AtMostEvery(BUDGETS_READ_S, self._read_token_limits)
 
     def check(self, submission: Submission) -> Checked:
         """The submission as it will be recorded (the default attempts filled in) and its
@@ -115,12 +114,7 @@ class JobService:
     async def check_budget(self, text: str, options: PromptOptions, images: int = 0) -> None:
         """Raise OverBudget if the job's call alone needs more tokens than its provider budget
         has in a minute (the budgets' limits are read at most every BUDGETS_READ_S)."""
-        read_at = self._budgets_read_at
-        if read_at is None or (
-            time.monotonic() - read_at >= BUDGETS_READ_S and not self._budget_reads.pending(None)
-        ):
-            # One read at a time; meanwhile the others go on with the limits read before.
-            await self._budget_reads.read(None, self._read_token_limits)
+        await self._read_budgets()
         if not self._token_limits:
             return
         name = budget_name(self.adapters.provider_of(options), self.adapters.model_of(options))
@@ -129,9 +123,7 @@ class JobService:
             raise OverBudget(name, needed, tpm)
 
     async def _read_token_limits(self) -> None:
-        started = time.monotonic()
         self._token_limits = await self.store.budgets.token_limits()
-        self._budgets_read_at = started
 
     async def submit(self, scope: Scope, submission: Submission) -> Submitted:
         """Check the submission (`check`, then its budget) and record the prompt and its

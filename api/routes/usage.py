@@ -25,15 +25,13 @@ async def read_usage(caller: Caller, ctx: ContextDep) -> UsageOut:
     now = datetime.now(UTC)
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
     month = day.replace(day=1)
-    # The month's and the day's (one and the same on the month's first day).
     by_user = caller.author is None
-    lines_month = await ctx.store.spend(caller, month)
-    lines_day = await ctx.store.spend(caller, day) if day > month else lines_month
+    lines = await ctx.store.spend(caller, month, recent=day)
     return UsageOut(
         org=caller.org,
         user=None if by_user else caller.user,
-        today=_period(day, lines_day, by_user),
-        month=_period(month, lines_month, by_user),
+        today=_period(day, [line for line in lines if line.recent], by_user),
+        month=_period(month, lines, by_user),
     )
 
 
