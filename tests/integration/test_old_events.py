@@ -142,3 +142,65 @@ async def test_events_of_every_earlier_schema_stream_and_resume_after_an_upgrade
         # Polling serves the rows, which the migrations brought up to date.
         listing = (await http.get("/v1/jobs", params={"since": "0"})).json()
         assert {row["job_id"] for row in listing["jobs"]} == everyone
+
+
+async def test_a_job_queued_by_the_previous_release_runs_to_its_end_after_the_upgrade(
+    dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    """A job the release before provider fallbacks (schema 0019) accepted and had not yet
+    started: after the upgrade (a job's place, `jobs.fallback`, 0020; circuits, 0021) the
+    current dispatcher starts it, the worker runs it at its own place, and its stream shows
+    its old event and its new ones."""
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    command.upgrade(alembic_config(url), "0019")
+    engine = create_engine(sync_url(url))
+    tables = MetaData()
+    tables.reflect(engine)
+    now = datetime.now(UTC)
+    prompt_id, job_id = f"pmt_{uuid.uuid4().hex}", f"job_{uuid.uuid4().hex}"
+    base = {"prompt_id": prompt_id, "org": ORG, "author": AUTHOR, "created_at": now}
+    options = {"provider": "fake"}
+    # The row as that code logged it in the job's queued event.
+    logged = {
+        "job_id": job_id, "prompt_id": prompt_id, "state": "queued", "priority": 50,
+        "attempt": 0, "max_attempts": 3, "error_kind": None, "error_message": None,
+        "next_attempt_at": None, "response_id": None, "supersedes": None,
+        "superseded_by": None, "scheduled_for": None, "created_at": _iso(now),
+        "updated_at": _iso(now), "started_at": None, "finished_at": None, "options": options,
+        "attempt_started_at": None, "waiting_on": None,
+    }  # fmt: skip
+    with engine.begin() as db:
+        db.execute(
+            insert(tables.tables["prompts"]),
+            {**base, "text": "queued before the upgrade", "options": options},
+        )
+        queued = {
+            **base, "job_id": job_id, "state": JobState.QUEUED.value, "priority": 50,
+            "attempt": 0, "max_attempts": 3, "progress_rank": 1, "updated_at": now,
+            "options": options, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+        }  # fmt: skip
+        event = db.execute(
+            insert(tables.tables["job_events"]),
+            {
+                **base,
+                "job_id": job_id,
+                "type": EventType.STATE_CHANGED.value,
+                "state": JobState.QUEUED.value,
+                "data": logged,
+            },
+        )
+        db.execute(
+            insert(tables.tables["jobs"]),
+            {**queued, "last_event_id": event.inserted_primary_key[0]},
+        )
+    engine.dispose()
+
+    settings = make_settings(tmp_path, database_url=url)
+    async with running_stack(settings, dev_server.client) as stack:
+        http = stack.as_user(await stack.key(ORG, AUTHOR))
+        events = await read_events(http, all_terminal({job_id}), params={"since": "0"})
+        assert [e.state for e in events] == ["queued", "running", "succeeded"]
+        attempts = (await http.get(f"/v1/jobs/{job_id}/attempts")).json()["attempts"]
+        assert [(a["provider"], a["outcome"], a["via"]) for a in attempts] == [
+            ("fake", "succeeded", None)
+        ]
