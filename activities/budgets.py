@@ -16,10 +16,12 @@ from datetime import UTC, datetime, timedelta
 from activities.adapters.base import AdapterRegistry, InvalidOptions, ProviderLimits
 from activities.adapters.conversation import IMAGE_TOKENS, count_images
 from activities.adapters.options import PromptOptions, options_of
+from activities.prices import PriceTable
 from activities.stale import AtMostEvery
 from projections.budgets import Budgets, Draw, budget_name
 from projections.errors import database_unavailable
 from projections.models import Job, Prompt
+from projections.spend import NO_CAPS, Caps, SpendCaps
 
 # About four characters a token (OpenAI's rule of thumb for English).
 CHARS_PER_TOKEN = 4
@@ -73,6 +75,12 @@ class WorkerBudgets:
     # on a model with none runs without one rather than probe (and make one).
     most: int = 1000
     refresh_s: float = 2.0
+    # The spend caps (projections/spend.py), and what a call under one may cost: priced by
+    # `prices`; a model without a price is held as free only if `allow_unpriced`.
+    spend: SpendCaps | None = None
+    prices: PriceTable | None = None
+    allow_unpriced: bool = False
+    _caps: Caps = NO_CAPS
     # Every budget the store has, and whether it may refuse a call (a limit, pause, probe).
     _known: dict[str, bool] = field(default_factory=dict)
     # Orgs with a quota of their own: tokens a minute over every budget.
@@ -94,6 +102,8 @@ class WorkerBudgets:
         try:
             self._known = await self.store.known()
             self._quotas = await self.store.org_quotas()
+            if self.spend is not None:
+                self._caps = await self.spend.caps()
         except Exception as err:
             if not database_unavailable(err):
                 raise
@@ -101,7 +111,12 @@ class WorkerBudgets:
     def may_bind(self) -> bool:
         """Whether any attempt of this worker may have to draw: a budget binds, or a
         configured provider says its limits (its first call on a model probes them)."""
-        return any(self._known.values()) or bool(self._quotas) or self.adapters.learning_limits()
+        return (
+            any(self._known.values())
+            or bool(self._quotas)
+            or bool(self._caps)
+            or self.adapters.learning_limits()
+        )
 
     def name_of(self, job: Job, prompt: Prompt) -> str:
         options, _ = options_of(job, prompt)
@@ -117,15 +132,39 @@ class WorkerBudgets:
             binds is not None or len(self._known) < self.most
         )
         quota = self._quotas.get(job.org)
-        if quota is None and (binds is False or (binds is None and not learns)):
+        caps = self._caps.of(job.org, job.key_id)
+        if quota is None and not caps and (binds is False or (binds is None and not learns)):
             return None
         if binds is None and learns:
             # Counted at once toward `most`: the next read confirms it (or drops it).
             self._known[name] = True
         tokens = self.estimate(job, prompt, name)
+        usd = self.cost_of(job, prompt, tokens) if caps else 0.0
         return Draw(
-            name, tokens, job.priority, self.aging_s, probe=learns, org=job.org, org_tpm=quota
+            name,
+            tokens,
+            job.priority,
+            self.aging_s,
+            probe=learns,
+            org=job.org,
+            org_tpm=quota,
+            caps=caps,
+            usd=usd,
+            key_id=job.key_id,
         )
+
+    def cost_of(self, job: Job, prompt: Prompt, tokens: int) -> float | None:
+        """What a call estimated at `tokens` may cost: its input estimate and the rest as
+        its answer, at its model's price (None: the model has no price, and unpriced models
+        are not allowed under a cap)."""
+        options, _ = options_of(job, prompt)
+        model = self.adapters.model_of(options)
+        prompt_tokens = input_estimate(prompt.text, options, count_images(prompt.messages))
+        prices = self.prices or PriceTable.load(None)
+        cost = prices.cost(model, prompt_tokens, max(0, tokens - prompt_tokens))
+        if cost is None:
+            return 0.0 if self.allow_unpriced else None
+        return cost
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options, _ = options_of(job, prompt)

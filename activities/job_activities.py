@@ -79,20 +79,28 @@ class JobActivities:
         circuit_cooldown_s: float = 30.0,
         fallback_after_s: float = 30.0,
         heartbeat_s: float = 10.0,
+        caps_allow_unpriced: bool = False,
     ) -> None:
         self.store = store
         self.projector = store.projector
         self.worker = worker or worker_identity()
+        prices = prices or PriceTable.load(None)
         self.tools = AttemptTools(
             store=store,
             adapters=adapters,
             backoff=backoff,
             streams=streams
             or OutputStreams(store.projector.append_outputs, store.attempts_standing),
-            prices=prices or PriceTable.load(None),
+            prices=prices,
             worker=self.worker,
             budgets=WorkerBudgets(
-                store.budgets, adapters, aging_s=priority_aging_s, most=max_provider_budgets
+                store.budgets,
+                adapters,
+                aging_s=priority_aging_s,
+                most=max_provider_budgets,
+                spend=store.spend_caps,
+                prices=prices,
+                allow_unpriced=caps_allow_unpriced,
             ),
             metrics_org_labels=metrics_org_labels,
             circuits=WorkerCircuits(

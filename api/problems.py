@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from http import HTTPStatus
 from typing import Any
 
@@ -37,6 +39,7 @@ from projections.errors import (
     database_unavailable,
 )
 from projections.files import FileTooLarge, OrgStorageFull
+from projections.spend import CostsMoreThanCap, OverSpendCap, UnpricedUnderCap
 
 log = logging.getLogger("promptjobs.api")
 
@@ -70,6 +73,14 @@ class ProblemDetails(BaseModel):
     )
     tokens_per_minute: int | None = Field(
         default=None, description="The budget's tokens a minute, for `over_provider_budget`"
+    )
+    usd_per_day: float | None = Field(
+        default=None,
+        description="The spend cap, for `insufficient_quota`, `over_spend_cap` and "
+        "`unpriced_model`",
+    )
+    resets_at: datetime | None = Field(
+        default=None, description="When the spend cap's day turns, for `insufficient_quota`"
     )
 
 
@@ -111,6 +122,9 @@ REFUSALS: dict[type[Refused], tuple[int, str]] = {
     InvalidState: (409, "Invalid state"),
     RetryLimit: (409, "Retry limit reached"),
     OverBudget: (422, "More than the provider budget allows"),
+    OverSpendCap: (429, "Spend cap reached"),
+    CostsMoreThanCap: (422, "More than the spend cap allows"),
+    UnpricedUnderCap: (422, "Model has no price"),
     IdempotencyConflict: (422, "Idempotency-Key reused"),
     InvalidOptions: (422, "Invalid options"),
     InvalidConversation: (422, "Invalid conversation"),
@@ -142,6 +156,13 @@ def domain_problem(err: Refused, *, openai: bool = False) -> Problem:
         extra = {"job_id": err.job_id, "prompt_id": err.prompt_id, "limit": err.limit}
     elif isinstance(err, OverBudget):
         extra = {"budget": err.budget, "tokens": err.tokens, "tokens_per_minute": err.tpm}
+    elif isinstance(err, OverSpendCap):
+        wait_s = max(1, math.ceil((err.resets - datetime.now(UTC)).total_seconds()))
+        # OpenAI's SDK retries a 429 unless told not to: this one lasts until the day turns.
+        headers = {"Retry-After": str(wait_s), "x-should-retry": "false"}
+        extra = {"usd_per_day": err.cap.usd_per_day, "resets_at": err.resets, "headers": headers}
+    elif isinstance(err, CostsMoreThanCap | UnpricedUnderCap):
+        extra = {"usd_per_day": err.cap.usd_per_day}
     elif isinstance(err, InvalidOptions):
         field = "body.options"
     elif isinstance(err, InvalidConversation | ImagesTooLarge):

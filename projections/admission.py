@@ -15,6 +15,7 @@ SQLite the single writer serialises them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -281,18 +282,21 @@ class OrgShares:
         await self._set(org, tpm=tpm)
 
     async def _set(self, org: str, **values: int | None) -> None:
-        # The read and the write in one write transaction: another writer cannot come
-        # between them.
-        def write(tx: WriteTx) -> None:
-            row = tx.execute(select(LIMITS).where(LIMITS.c.org == org)).first()
-            kept: dict[str, int | None] = {
-                "max_running": None if row is None else row.max_running,
-                "tpm": None if row is None else row.tpm,
-            }
-            kept.update(values)
-            tx.execute(delete(LIMITS).where(LIMITS.c.org == org))
-            if any(value is not None for value in kept.values()):
-                row_values = {"org": org, **kept, "updated_at": datetime.now(UTC)}
-                tx.execute(LIMITS.insert().values(row_values))
+        await self.writes.run(lambda tx: set_org_limits(tx, org, values))
 
-        await self.writes.run(write)
+
+# Every column of an org's limits row but its name and time.
+_LIMIT_COLUMNS = ("max_running", "tpm", "usd_per_day", "over_cap")
+
+
+def set_org_limits(tx: WriteTx, org: str, values: Mapping[str, Any]) -> None:
+    """Change some of `org`'s own limits, keeping the rest; a row with none left goes. The
+    read and the write in one write transaction: another writer cannot come between them."""
+    row = tx.execute(select(LIMITS).where(LIMITS.c.org == org)).first()
+    kept: dict[str, Any] = {
+        column: None if row is None else getattr(row, column) for column in _LIMIT_COLUMNS
+    }
+    kept.update(values)
+    tx.execute(delete(LIMITS).where(LIMITS.c.org == org))
+    if any(kept[column] is not None for column in ("max_running", "tpm", "usd_per_day")):
+        tx.execute(LIMITS.insert().values({"org": org, **kept, "updated_at": datetime.now(UTC)}))

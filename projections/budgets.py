@@ -40,6 +40,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections import spend
 from projections.domain import budgets as rules
 from projections.domain.budgets import Limits
 from projections.domain.errors import Refused
@@ -52,6 +53,7 @@ BUDGETS = Base.metadata.tables[ProviderBudget.__tablename__]
 DRAWS = Base.metadata.tables[BudgetDraw.__tablename__]
 WAITERS = Base.metadata.tables[BudgetWaiter.__tablename__]
 LIMITS = Base.metadata.tables[OrgLimit.__tablename__]
+Cap = spend.Cap
 
 # The window providers count their per-minute limits over, unless the deployment says
 # another (PROMPTJOBS_BUDGET_WINDOW_S: the Projector's `budget_window`).
@@ -92,6 +94,11 @@ class Draw:
     org: str = ""
     # The org's own quota of tokens a minute over every budget (`orgs limit --tpm`), if any.
     org_tpm: int | None = None
+    # The spend caps the call counts against (its org's, its key's: projections/spend.py),
+    # what it may cost, and the key that submitted its job.
+    caps: tuple[Cap, ...] = ()
+    usd: float | None = 0.0
+    key_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,9 @@ class BudgetWait:
     budget: str
     until: datetime
     reason: str
+    # A spend cap's wait (projections/spend.py): the same wherever the job runs, so it never
+    # moves a job on to another of its places.
+    spend: bool = False
 
     def describe(self) -> str:
         return self.reason
@@ -156,6 +166,8 @@ def take(
         )
     )
     stop_waiting(tx, job_id)
+    if draw.caps:
+        spend.hold(tx, job_id, attempt, draw.org, draw.key_id, draw.usd or 0.0, now)
 
 
 def claim_probe(tx: WriteTx, budget: str, now: datetime) -> None:
@@ -190,8 +202,9 @@ def ask_again_by(tx: WriteTx, job_id: str, wait: BudgetWait, by: datetime) -> Bu
 
 
 def stop_waiting(tx: WriteTx, job_id: str) -> None:
-    """The job no longer waits for a budget (it runs, or waits for something else)."""
+    """The job no longer waits for a budget or a cap (it runs, or waits for something else)."""
     tx.execute(delete(WAITERS).where(WAITERS.c.job_id == job_id))
+    spend.stop_waiting(tx, job_id)
 
 
 def spent(budget: str, since: datetime) -> Select[Any]:
@@ -224,6 +237,14 @@ class BudgetCheck:
         alone, and the others wait for its answer (PROBE_FOR at most), so a cold backlog
         does not hit the provider all at once before anyone knows its limits."""
         tx, now = self.tx, self.now
+        free: Draw | None = None
+        if draw.caps:
+            # Checked first, each under its lock (taken before any budget's): the room a cap
+            # leaves is the same whichever budget the call draws on.
+            capped = spend.check(tx, self.job_id, draw.caps, draw.usd, draw.budget, now)
+            if capped is not None:
+                return BudgetWait(draw.budget, capped.until, capped.reason, spend=True)
+            free = draw
         if tx.postgresql:
             if draw.org_tpm is not None:
                 # The org's quota spans all its budgets: its attempts on two models must not
@@ -232,7 +253,6 @@ class BudgetCheck:
                 tx.execute(_BUDGET_LOCK, lock)
             tx.execute(_BUDGET_LOCK, {"namespace": BUDGET_LOCK_NAMESPACE, "budget": draw.budget})
         # Where the org has a quota every call draws, so the org's minute counts them all.
-        free: Draw | None = None
         if (quota := draw.org_tpm) is not None:
             draw = replace(draw, tokens=min(draw.tokens, quota))
             if (over := self._over_org_quota(draw, quota)) is not None:

@@ -78,7 +78,7 @@ class KeyStore:
             "created_at": utcnow(),
         }
         await self.writes.run(lambda tx: tx.execute(insert(KEYS), row))
-        return IssuedKey(key_id, token, Scope(org, user, role))
+        return IssuedKey(key_id, token, Scope(org, user, role, key_id))
 
     async def live_ids(self, key_ids: set[str]) -> set[str]:
         """Those of `key_ids` that still exist and are not revoked: one query for any number."""
@@ -103,7 +103,7 @@ class KeyStore:
         if key.role not in ROLES:
             # Only member and admin keys exist; a row edited to claim more grants nothing.
             return None
-        return Scope(key.org, key.user, key.role)
+        return Scope(key.org, key.user, key.role, key.key_id)
 
     async def list(self, org: str | None = None) -> list[ApiKey]:
         """Every key (of `org`), oldest first, revoked ones included: an operator's view."""

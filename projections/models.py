@@ -94,6 +94,9 @@ class ApiKey(Base):
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # The most its jobs may spend in a UTC day, in US dollars (null: no cap of its own; its
+    # org's cap applies all the same). projections/spend.py.
+    usd_per_day: Mapped[float | None] = mapped_column(Float)
 
 
 class Prompt(Base):
@@ -160,6 +163,9 @@ class Job(Base):
     prompt_id: Mapped[str] = mapped_column(ForeignKey("prompts.prompt_id"))
     org: Mapped[str] = mapped_column(String(64))
     author: Mapped[str] = mapped_column(String(64))
+    # The API key that submitted it (null: before migration 0022, or made by the operator or
+    # a batch): its spend counts against that key's cap.
+    key_id: Mapped[str | None] = mapped_column(String(32))
     state: Mapped[JobState] = mapped_column(StateColumn)
     priority: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -362,6 +368,11 @@ class OrgLimit(Base):
     max_running: Mapped[int | None] = mapped_column(Integer)
     # Tokens a minute its calls may draw on provider budgets, all told (null: no quota).
     tpm: Mapped[int | None] = mapped_column(Integer)
+    # The most its jobs may spend in a UTC day, in US dollars (null: no cap), and what a
+    # submission past it meets: "wait" (null: accepted, and queued until there is room) or
+    # "refuse" (429 insufficient_quota). projections/spend.py.
+    usd_per_day: Mapped[float | None] = mapped_column(Float)
+    over_cap: Mapped[str | None] = mapped_column(String(8))
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
@@ -427,6 +438,39 @@ class BudgetDraw(Base):
     tokens: Mapped[int] = mapped_column(Integer)
     # Whether `tokens` is what the provider reported (else the reservation's estimate).
     reconciled: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+
+
+class SpendHold(Base):
+    """What a call under a spend cap may cost, held from the transaction that starts it until
+    its attempt's record (`attempts`, with what it did cost) takes its place in the same one.
+    A call whose worker died keeps its hold for the day: its cost is unknown, not nothing."""
+
+    __tablename__ = "spend_holds"
+    __table_args__ = (
+        Index("ix_spend_holds_org_held", "org", "held_at"),
+        Index("ix_spend_holds_key_held", "key_id", "held_at"),
+    )
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    usd: Mapped[float] = mapped_column(Float)
+    held_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class SpendWaiter(Base):
+    """A queued job waiting for room under a spend cap (`cap`: `org:NAME` or `key:ID`): the
+    dispatcher wakes the longest waiting first as the room allows (the cap raised, or calls
+    that cost less than they held)."""
+
+    __tablename__ = "spend_waiters"
+    __table_args__ = (Index("ix_spend_waiters_cap_since", "cap", "since"),)
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    cap: Mapped[str] = mapped_column(String(100))
+    usd: Mapped[float] = mapped_column(Float)
+    since: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
 class BudgetWaiter(Base):

@@ -404,7 +404,7 @@ class Projector:
                         move(at)
                 draw = draw_of(seen, prompt) if startable and draw_of is not None else None
                 room = self._room(tx, job_id, draw, now)
-                if isinstance(room, BudgetWait) and places is not None:
+                if isinstance(room, BudgetWait) and places is not None and not room.spend:
                     waiter = budgets.waiter_of(tx, job_id)
                     waited = (now - (waiter.since if waiter else now)).total_seconds()
                     step = places.when_busy(tx, seen, prompt, waited)

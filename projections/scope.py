@@ -25,6 +25,9 @@ class Scope:
     org: str
     user: str
     role: str = "member"
+    # The API key asking (None: the operator, or work made on a caller's behalf): the jobs it
+    # submits count against its spend cap (projections/spend.py).
+    key_id: str | None = None
 
     @classmethod
     def operator(cls, user: str = "operator") -> Scope:

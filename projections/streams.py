@@ -15,6 +15,7 @@ from sqlalchemy import Integer, bindparam, case, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from projections import spend
 from projections.domain.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.event_log import append_event, log_event, log_events, prepared
 from projections.group_commit import WriteTx
@@ -284,6 +285,9 @@ def record_attempt(tx: WriteTx, usage: AttemptUsage, now: datetime) -> Job | Non
     call's last tokens come after the cancel) gets a `job.usage` event with the new sums;
     otherwise the next transition's event carries them."""
     record = prepared(tx, ("record_attempt",), lambda: _record_statement(tx.postgresql))
+    # What the call held under a spend cap gives way to what it cost, in this transaction.
+    release = prepared(tx, ("release_spend_hold",), spend.release_statement)
+    release.run(tx, {"job_id": usage.job_id, "attempt": usage.attempt})
     if record.run(tx, asdict(usage)) is None:
         return None
     event_id = tx.next_event_id()

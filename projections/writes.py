@@ -134,6 +134,7 @@ class JobWrites:
                 tx, prompt, submission.priority, submission.max_attempts, submission.options, now
             )
             job.scheduled_for = submission.scheduled_for
+            job.key_id = scope.key_id
             self.insert_job(tx, job, now)
             return Submitted(Prompt(**prompt), job, created=True)
 
@@ -217,6 +218,7 @@ class JobWrites:
             priority=priority,
             attempt=0,
             fallback=0,
+            key_id=None,
             max_attempts=max_attempts,
             options=options,
             # A chain's child waits on all its parents until its workflow has checked them.
@@ -278,6 +280,8 @@ class JobWrites:
                 now,
             )
             new.supersedes = old.job_id
+            # Its spend counts against the key that asked for it, else the first job's.
+            new.key_id = scope.key_id or old.key_id
             self.insert_job(tx, new, now)
             superseded = Transition(old.job_id, JobState.SUPERSEDED, superseded_by=new.job_id)
             if transition(tx, superseded, now) is None:

@@ -92,6 +92,7 @@ def build_worker(
         circuit_failures=settings.circuit_failures,
         circuit_cooldown_s=settings.circuit_cooldown_s,
         fallback_after_s=settings.fallback_after_s,
+        caps_allow_unpriced=settings.caps_allow_unpriced,
         heartbeat_s=settings.heartbeat_timeout_s,
     )
     batches = BatchActivities(projection.store, adapters, settings.backoff, activities.tools.prices)

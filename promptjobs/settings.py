@@ -248,6 +248,10 @@ class Settings(BaseSettings):
     """Price table (TOML): US dollars per million input and output tokens, per model name or
     pattern (docs/usage.md). An attempt on a model it does not price costs "unknown" (null),
     never 0. Unset: only the `fake` provider's models are priced (at 0)."""
+    caps_allow_unpriced: bool = False
+    """Let jobs under a spend cap (`promptjobs orgs limit --usd-per-day`) run on models the
+    price table does not price, counted as free. Off: such a job is refused at submission
+    (422 `unpriced_model`), and one already queued waits, naming the missing price."""
 
     # Observability (docs/operators.md).
     metrics_token: SecretStr | None = None

@@ -21,6 +21,7 @@ from temporalio.service import TLSConfig
 from activities.adapters.base import Adapter, AdapterRegistry
 from activities.adapters.fake import FakeAdapter
 from activities.adapters.routes import read_routes
+from activities.prices import PriceTable
 from projections.engines import create_engine, session_factory
 from projections.group_commit import dispose
 from projections.migrate import migrate_store, require_store
@@ -30,6 +31,7 @@ from projections.store import JobStore
 from promptjobs.settings import Settings
 from services.dispatch import Dispatcher
 from services.jobs import JobService
+from services.spend import SpendGate
 
 if TYPE_CHECKING:
     from api.changes import ChangeFeed
@@ -200,6 +202,12 @@ def build_job_service(
         max_image_bytes=settings.max_image_bytes,
         metrics_org_labels=settings.metrics_org_labels,
         max_jobs_per_prompt=settings.max_jobs_per_prompt,
+        spend=SpendGate(
+            projection.store.spend_caps,
+            adapters,
+            PriceTable.load(settings.prices_file),
+            allow_unpriced=settings.caps_allow_unpriced,
+        ),
     )
 
 

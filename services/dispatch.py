@@ -294,6 +294,7 @@ class Dispatcher:
             await self._pass("scan", self.scan_once)
             await self._pass("wake", self.waker.wake_slot_waiters)
             await self._pass("wake budgets", self.waker.wake_budget_waiters)
+            await self._pass("wake spend caps", self.waker.wake_spend_waiters)
             if last_reconcile is None or loop.time() - last_reconcile >= self.reconcile_interval_s:
                 last_reconcile = loop.time()
                 await self._pass("reconcile", self.reconciler.reconcile_once)

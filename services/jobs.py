@@ -36,6 +36,7 @@ from projections.scope import Scope
 from projections.store import JobStore
 from projections.writes import RetryChanges, Submission, Submitted
 from services.dispatch import Dispatcher
+from services.spend import SpendGate
 
 log = logging.getLogger("promptjobs.jobs")
 
@@ -66,6 +67,7 @@ class JobService:
         max_image_bytes: int = 10_000_000,
         metrics_org_labels: bool = False,
         max_jobs_per_prompt: int | None = None,
+        spend: SpendGate | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -75,6 +77,8 @@ class JobService:
         self.max_image_bytes = max_image_bytes
         self.metrics_org_labels = metrics_org_labels
         self.max_jobs_per_prompt = max_jobs_per_prompt
+        # The spend caps at the door (None: none checked, as in tests of the rules alone).
+        self.spend = spend
         self._token_limits: dict[str, int] = {}
         # One read at a time, whatever the requests in flight: a burst does not read 32 times.
         self._read_budgets = AtMostEvery(BUDGETS_READ_S, self._read_token_limits)
@@ -130,6 +134,8 @@ class JobService:
         queued job: the commit is the acceptance; the dispatcher starts its workflow."""
         checked = self.check(submission)
         await self.check_budget(checked.submission.text, checked.options, checked.images)
+        if self.spend is not None:
+            await self.spend.check(scope, checked.submission.text, checked.options, checked.images)
         accepted = await self.store.submit(scope, checked.submission)
         # On the request's span (a no-op span while tracing is off).
         trace.get_current_span().set_attributes(

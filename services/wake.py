@@ -1,6 +1,6 @@
 """Waking jobs that wait in their workflows: a chain's children once their parents have
 succeeded, jobs waiting for a running slot of their org once it has one free, and jobs
-waiting for room in a provider budget once it has some."""
+waiting for room in a provider budget or under a spend cap once it has some."""
 
 from __future__ import annotations
 
@@ -62,6 +62,12 @@ class Waker:
         job's next attempt, in its own transaction; a woken job that finds it gone meanwhile
         just waits again."""
         return await self._wake_all(await self.store.budgets.to_wake(datetime.now(UTC)))
+
+    async def wake_spend_waiters(self) -> int:
+        """Signal the jobs waiting for room under a spend cap, the longest waiting first, as
+        many as its room now takes (projections/spend.py): the cap was raised or removed, or
+        calls cost less than they held. The day's turn wakes the others by their timers."""
+        return await self._wake_all(await self.store.spend_caps.to_wake(datetime.now(UTC)))
 
     async def _wake_all(self, waiters: list[str]) -> int:
         woken = 0

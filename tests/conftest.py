@@ -196,8 +196,8 @@ async def _truncate(projection: Projection) -> None:
             text(
                 "TRUNCATE api_keys, responses, job_events, job_outputs, attempts, jobs, prompts, "
                 "workers, org_limits, provider_budgets, provider_circuits, budget_draws, "
-                "budget_waiters, files, file_chunks, batch_lines, batches, provider_batches, "
-                "deferred_jobs "
+                "budget_waiters, spend_holds, spend_waiters, files, file_chunks, batch_lines, "
+                "batches, provider_batches, deferred_jobs "
                 "RESTART IDENTITY CASCADE"
             )
         )

@@ -72,7 +72,9 @@ def openai_error(
     if status == 409:
         # The SDK retries a 409 unless told not to; a conflict does not go away by itself.
         answer_headers["x-should-retry"] = "false"
-    body = {"message": message, "type": error_type(status), "param": param, "code": code}
+    # OpenAI's own type for a spent quota, which its SDK users match on.
+    kind = code if code == "insufficient_quota" else error_type(status)
+    body = {"message": message, "type": kind, "param": param, "code": code}
     return JSONResponse({"error": body}, status_code=status, headers=answer_headers)
 
 

@@ -13,6 +13,7 @@ from projections import budgets
 from projections.budgets import BudgetWait, Draw
 from projections.group_commit import SyncWriter, WriteTx
 from projections.scope import Scope
+from projections.spend import Cap
 from projections.writes import Submission
 from promptjobs.runtime import Projection
 
@@ -72,3 +73,52 @@ async def test_an_orgs_token_quota_holds_across_its_budgets_when_two_attempts_st
     assert isinstance(first_room, Draw)
     assert isinstance(second_room, BudgetWait), "both passed the org's quota"
     assert "token quota" in second_room.reason
+
+
+async def test_a_spend_cap_holds_when_two_workers_start_calls_at_once(
+    projection: Projection,
+) -> None:
+    """Two attempts under an org's $0.10 a day, each may cost $0.08, on two models: the first
+    checks and holds with its transaction open while the second checks. The second must see
+    the first's hold (it waits for the cap's lock) and wait: the fleet passes a cap by no
+    more than what its calls' estimates fell short."""
+    store = projection.store
+    first_job = (await store.submit(ACME, Submission("first", 50, 3, {}))).job.job_id
+    second_job = (await store.submit(ACME, Submission("second", 50, 3, {}))).job.job_id
+    cap = Cap("acme", 0.10)
+
+    def draw(budget: str) -> Draw:
+        return Draw(budget, 80, 50, 5.0, org="acme", caps=(cap,), usd=0.08)
+
+    first_held, second_checked = threading.Event(), threading.Event()
+
+    def first(tx: WriteTx) -> object:
+        now = datetime.now(UTC)
+        room = budgets.check(tx, first_job, draw("openai/model-a"), now, budgets.WINDOW)
+        assert isinstance(room, Draw)
+        budgets.take(tx, first_job, 1, room, now, budgets.WINDOW)
+        first_held.set()
+        second_checked.wait(2)
+        return room
+
+    def second(tx: WriteTx) -> object:
+        assert first_held.wait(10)
+        try:
+            now = datetime.now(UTC)
+            return budgets.check(tx, second_job, draw("anthropic/model-b"), now, budgets.WINDOW)
+        finally:
+            second_checked.set()
+
+    url = projection.engine.url.render_as_string(hide_password=False)
+    writers = [SyncWriter(url), SyncWriter(url)]
+    try:
+        [first_room], [second_room] = await asyncio.gather(
+            asyncio.to_thread(writers[0].run, [first]),
+            asyncio.to_thread(writers[1].run, [second]),
+        )
+    finally:
+        for writer in writers:
+            writer.dispose()
+    assert isinstance(first_room, Draw)
+    assert isinstance(second_room, BudgetWait), "both passed the org's spend cap"
+    assert "spend cap: $0.0800 of its $0.10" in second_room.reason

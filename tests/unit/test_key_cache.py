@@ -21,7 +21,7 @@ async def test_requests_that_find_a_key_unverified_together_share_one_lookup(
 
     scopes = await asyncio.gather(*(cache.authenticate(keys, issued.secret) for _ in range(32)))
 
-    assert scopes == [Scope("acme", "ann", "member")] * 32
+    assert scopes == [Scope("acme", "ann", "member", issued.key_id)] * 32
     assert cache.lookups == 1
 
 

@@ -275,6 +275,8 @@ class ProblemDetails(BaseModel):
     budget: str | None = None
     tokens: int | None = None
     tokens_per_minute: int | None = None
+    usd_per_day: float | None = None
+    resets_at: datetime | None = None
 
 
 # -- requests ----------------------------------------------------------------------------------
