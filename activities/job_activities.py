@@ -189,7 +189,7 @@ class JobActivities:
             AttemptReport(JobState.RUNNING, attempt), self.report_running_after_s
         ) as running:
             draw = started.draw if started.drew else None
-            probing = started.draw is not None and started.draw.probe and not started.drew
+            probing = started.probing
             done = await Attempt(
                 self.tools,
                 call,

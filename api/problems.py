@@ -220,7 +220,7 @@ def problem_response(problem: Problem, request: Request | None = None) -> JSONRe
     if request is not None and body.instance is None:
         body = body.model_copy(update={"instance": request.url.path})
     return JSONResponse(
-        body.model_dump(exclude_none=True),
+        body.model_dump(mode="json", exclude_none=True),
         status_code=problem.status,
         media_type=PROBLEM_JSON,
         headers=problem.headers,

@@ -58,7 +58,9 @@ class KeyStore:
         self.sessions = sessions
         self.writes = writes
 
-    async def create(self, org: str, user: str, role: str = "member") -> IssuedKey:
+    async def create(
+        self, org: str, user: str, role: str = "member", *, usd_per_day: float | None = None
+    ) -> IssuedKey:
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
         for what, name in (("org", org), ("user", user)):
@@ -76,6 +78,7 @@ class KeyStore:
             "user": user,
             "role": role,
             "created_at": utcnow(),
+            "usd_per_day": usd_per_day,
         }
         await self.writes.run(lambda tx: tx.execute(insert(KEYS), row))
         return IssuedKey(key_id, token, Scope(org, user, role, key_id))

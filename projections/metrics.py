@@ -136,6 +136,27 @@ CIRCUIT_OPENED = Counter(
     ["place"],
 )
 
+SPEND_CAP = Gauge(
+    "promptjobs_spend_cap_usd",
+    "A spend cap's US dollars a day (cap: org:NAME or key:ID; orgs limit --usd-per-day)",
+    ["cap"],
+)
+SPEND_USED = Gauge(
+    "promptjobs_spend_cap_used_usd",
+    "What a cap's UTC day has spent (attempts ended) and holds (calls in flight), US dollars",
+    ["cap"],
+)
+SPEND_WAITING = Gauge(
+    "promptjobs_spend_cap_waiting_jobs",
+    "Jobs queued waiting for room under a spend cap",
+    ["cap"],
+)
+SPEND_CROSSED = Counter(
+    "promptjobs_spend_cap_crossed_total",
+    "Times a cap's day passed a share of it (0.8, 1), as the API process that noticed saw it",
+    ["cap", "share"],
+)
+
 # Every budget's gauges: set anew on each scrape (record_budgets).
 BUDGET_GAUGES = (
     BUDGET_LIMIT,
@@ -299,6 +320,30 @@ def record_circuits(circuits: Iterable[CircuitFigures], now: datetime) -> None:
         CIRCUIT_FAILURES.labels(place=c.place).set(c.failures)
 
 
+class CapFigures(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def usd_per_day(self) -> float: ...
+
+    @property
+    def used(self) -> float: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+
+def record_caps(caps: Iterable[CapFigures]) -> None:
+    """Each cap in force, set anew (a cap removed leaves no series)."""
+    for gauge in (SPEND_CAP, SPEND_USED, SPEND_WAITING):
+        gauge.clear()
+    for c in list(caps)[:MAX_BUDGET_LABELS]:
+        SPEND_CAP.labels(cap=c.name).set(c.usd_per_day)
+        SPEND_USED.labels(cap=c.name).set(c.used)
+        SPEND_WAITING.labels(cap=c.name).set(c.waiting)
+
+
 def record_queue_depth(counts: dict[JobState, int]) -> None:
     for state in (JobState.QUEUED, JobState.RUNNING):
         JOBS.labels(state=state.value).set(counts.get(state, 0))
@@ -317,10 +362,12 @@ class QueueDepth:
         max_age_s: float,
         budgets: Callable[[], Awaitable[Iterable[BudgetFigures]]] | None = None,
         circuits: Callable[[], Awaitable[Iterable[CircuitFigures]]] | None = None,
+        caps: Callable[[], Awaitable[Iterable[CapFigures]]] | None = None,
     ) -> None:
         self._read = read
         self._budgets = budgets
         self._circuits = circuits
+        self._caps = caps
         self._max_age_s = max_age_s
         self._read_at: float | None = None
         self._lock = asyncio.Lock()
@@ -335,4 +382,6 @@ class QueueDepth:
                 record_budgets(await self._budgets())
             if self._circuits is not None:
                 record_circuits(await self._circuits(), datetime.now(UTC))
+            if self._caps is not None:
+                record_caps(await self._caps())
             self._read_at = time.monotonic()

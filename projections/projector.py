@@ -122,6 +122,9 @@ class Applied:
     # The provider budget the attempt's call draws on, and whether it took a draw.
     draw: Draw | None = None
     drew: bool = False
+    # Whether the call probes its budget's limits (projections/budgets.Probe), drawing or not
+    # (an org's quota, a spend cap: it draws all the same).
+    probing: bool = False
     # An attempt that started: its row and its prompt, read in the same transaction (the
     # call needs both; a read of its own cost the worker more than the write).
     job: Job | None = None
@@ -451,7 +454,7 @@ class Projector:
                 drawn()
                 reset_output(tx, job, now)
                 started = _started(tx, job, [job.last_event_id], prompt)
-                return replace(started, draw=draw, drew=drew, moved=moved)
+                return replace(started, draw=draw, drew=drew, probing=probe, moved=moved)
             seen = current(tx, job_id)
             if seen is None:
                 raise LookupError(f"no job {job_id}")
@@ -475,7 +478,7 @@ class Projector:
             drawn()
             reset_output(tx, job, now)
             started = _started(tx, job, events, prompt)
-            return replace(started, draw=draw, drew=drew, moved=moved)
+            return replace(started, draw=draw, drew=drew, probing=probe, moved=moved)
 
         return self._committed(await self.writes.run(write))
 

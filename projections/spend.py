@@ -259,8 +259,20 @@ class CapStanding:
     waiting: int
 
     @property
+    def name(self) -> str:
+        return self.cap.name
+
+    @property
+    def usd_per_day(self) -> float:
+        return self.cap.usd_per_day
+
+    @property
+    def used(self) -> float:
+        return self.spent + self.held
+
+    @property
     def share(self) -> float:
-        return (self.spent + self.held) / self.cap.usd_per_day if self.cap.usd_per_day else 1.0
+        return self.used / self.cap.usd_per_day if self.cap.usd_per_day else 1.0
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -177,6 +178,10 @@ def keys_create(
     org: Annotated[str, typer.Option(help="The organisation the key acts for")],
     user: Annotated[str, typer.Option(help="The user the key acts as")],
     role: Annotated[str, typer.Option(help="member (own prompts) or admin (whole org)")] = "member",
+    usd_per_day: Annotated[
+        float | None,
+        typer.Option(min=0, help="US dollars its jobs may spend in a UTC day (0: no cap)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """Create an API key. It is shown once; only its hash is stored."""
@@ -189,7 +194,9 @@ def keys_create(
     async def create() -> Any:
         async with open_projection(Settings(), streams=False, create=False) as projection:
             try:
-                return await projection.store.keys.create(org, user, role)
+                return await projection.store.keys.create(
+                    org, user, role, usd_per_day=usd_per_day or None
+                )
             except ValueError as err:
                 raise CliError(str(err)) from err
 
@@ -203,11 +210,15 @@ def keys_create(
                     "org": org,
                     "user": user,
                     "role": role,
+                    "usd_per_day": usd_per_day or None,
                 }
             )
         )
     else:
-        typer.echo(f"{issued.secret}\n(org {org}, user {user}, role {role}; shown once, keep it)")
+        cap = f", at most ${usd_per_day:g} a day" if usd_per_day else ""
+        typer.echo(
+            f"{issued.secret}\n(org {org}, user {user}, role {role}{cap}; shown once, keep it)"
+        )
 
 
 @keys_app.command("list")
@@ -216,14 +227,17 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON")] = False,
 ) -> None:
     """List API keys (never their secrets), revoked ones too, oldest first."""
+    from promptjobs.cli_orgs import cap_cells
     from promptjobs.console import console, counted, emit_json, table
     from promptjobs.wiring import open_projection
 
     async def fetch() -> Any:
         async with open_projection(Settings(), streams=False, create=False) as projection:
-            return await projection.store.keys.list(org)
+            standings = await projection.store.spend_caps.standings(datetime.now(UTC))
+            capped = {s.cap.key_id: s for s in standings if s.cap.key_id is not None}
+            return await projection.store.keys.list(org), capped
 
-    keys = run(fetch())
+    keys, capped = run(fetch())
     rows = [
         {
             "key_id": key.key_id,
@@ -232,6 +246,8 @@ def keys_list(
             "role": key.role,
             "created_at": key.created_at,
             "revoked_at": key.revoked_at,
+            "usd_per_day": key.usd_per_day,
+            "used_today": None if key.key_id not in capped else capped[key.key_id].used,
         }
         for key in keys
     ]
@@ -239,8 +255,36 @@ def keys_list(
         emit_json(rows)
     else:
         columns = ("key_id", "org", "user", "role", "created_at", "revoked_at")
-        cells = ([row[column] for column in columns] for row in rows)
-        console().print(table(counted(len(rows), "key"), columns, cells))
+        cells = (
+            [*(row[column] for column in columns), *cap_cells(capped.get(row["key_id"]))]
+            for row in rows
+        )
+        console().print(table(counted(len(rows), "key"), (*columns, "usd/day", "today"), cells))
+
+
+@keys_app.command("limit")
+def keys_limit(
+    key_id: Annotated[str, typer.Argument(help="The key's id (`keys list`, or `pj_<id>_...`)")],
+    usd_per_day: Annotated[
+        float,
+        typer.Option(min=0, help="US dollars its jobs may spend in a UTC day (0: no cap)"),
+    ],
+) -> None:
+    """Set an API key's spend cap: its jobs' US dollars a day, within its org's cap. Every
+    worker applies it within 2 s; calls already running keep going."""
+    from projections.keys import key_id_of
+    from promptjobs.wiring import open_projection
+
+    shown = key_id_of(key_id) or key_id
+
+    async def apply() -> bool:
+        async with open_projection(Settings(), streams=False, create=False) as projection:
+            return await projection.store.spend_caps.set_key_cap(shown, usd_per_day or None)
+
+    if not run(apply()):
+        raise CliError(f"no API key {shown} (`promptjobs keys list` shows them)")
+    cap = f"at most ${usd_per_day:g} a day" if usd_per_day else "no spend cap of its own"
+    typer.echo(f"{shown}: {cap}")
 
 
 @keys_app.command("revoke")

@@ -24,6 +24,7 @@ from projections.errors import NotFound
 from projections.event_log import utcnow
 from projections.models import AttemptRecord, Job, JobEvent, Prompt, Response, WorkerProcess
 from projections.scope import Scope
+from projections.spend import CapStanding
 from promptjobs.cli_budgets import budgets_table, standing_json
 from promptjobs.console import (
     JOB_COLUMNS,
@@ -516,7 +517,7 @@ def status(as_json: JsonOpt = False) -> None:
     budgets, and Temporal's pollers on the task queue (with when each last polled). Exits 1
     when Temporal cannot be reached, so a script can tell."""
     warning = warn_if_elsewhere(Settings())
-    health, registered, budgets, circuits, temporal = run(_status())
+    health, registered, budgets, circuits, caps, temporal = run(_status())
     if warning is not None:
         temporal["warning"] = warning
     if as_json:
@@ -526,6 +527,7 @@ def status(as_json: JsonOpt = False) -> None:
                 "registered_workers": [_registered(w) for w in registered],
                 "provider_budgets": [standing_json(b) for b in budgets],
                 "circuits": [_circuit(c) for c in circuits],
+                "spend_caps": [_cap(c) for c in caps],
                 "temporal": temporal,
             }
         )
@@ -580,6 +582,24 @@ def status(as_json: JsonOpt = False) -> None:
                 ),
             )
         )
+    if caps:
+        out.print(
+            table(
+                "spend caps (today, UTC)",
+                ("cap", "usd/day", "spent", "held by calls in flight", "used", "waiting"),
+                (
+                    (
+                        c.cap.name,
+                        f"${c.cap.usd_per_day:g}",
+                        f"${c.spent:.4f}",
+                        f"${c.held:.4f}",
+                        f"{c.share:.0%}",
+                        c.waiting,
+                    )
+                    for c in caps
+                ),
+            )
+        )
     if temporal.get("error"):
         typer.echo(
             f"Temporal at {temporal['address']}: unreachable ({temporal['error']})", err=True
@@ -631,6 +651,20 @@ def _registered(worker: WorkerProcess) -> dict[str, Any]:
     }
 
 
+def _cap(standing: CapStanding) -> dict[str, Any]:
+    cap = standing.cap
+    return {
+        "cap": cap.name,
+        "org": cap.org,
+        "key_id": cap.key_id,
+        "usd_per_day": cap.usd_per_day,
+        "spent": round(standing.spent, 6),
+        "held": round(standing.held, 6),
+        "share": round(standing.share, 4),
+        "waiting": standing.waiting,
+    }
+
+
 def _circuit(circuit: CircuitStanding) -> dict[str, Any]:
     return {**asdict(circuit), "open": circuit.is_open(utcnow()), "state": _circuit_state(circuit)}
 
@@ -648,6 +682,7 @@ async def _status() -> tuple[
     list[WorkerProcess],
     list[BudgetStanding],
     list[CircuitStanding],
+    list[CapStanding],
     dict[str, Any],
 ]:
     settings = Settings()
@@ -657,6 +692,7 @@ async def _status() -> tuple[
         registered = await projection.store.workers.since(since)
         budgets = await projection.store.budgets.standing(utcnow())
         circuits = await projection.store.circuits.standings()
+        caps = await projection.store.spend_caps.standings(utcnow())
     temporal: dict[str, Any] = {
         "address": settings.temporal_address,
         "task_queue": settings.temporal_task_queue,
@@ -666,4 +702,4 @@ async def _status() -> tuple[
         temporal["pollers"] = await task_queue_pollers(client, settings.temporal_task_queue)
     except (RuntimeError, OSError) as err:  # connect failures surface as RuntimeError
         temporal["error"] = str(err).splitlines()[0]
-    return health, registered, budgets, circuits, temporal
+    return health, registered, budgets, circuits, caps, temporal

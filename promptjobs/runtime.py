@@ -148,6 +148,7 @@ def build_app(
                 settings.metrics_cache_s,
                 budgets=lambda: projection.store.budgets.standing(datetime.now(UTC)),
                 circuits=projection.store.circuits.standings,
+                caps=lambda: projection.store.spend_caps.standings(datetime.now(UTC)),
             ),
             metrics_token=token.get_secret_value() if (token := settings.metrics_token) else None,
         )

@@ -36,6 +36,7 @@ from services.passes import (
     is_unreachable,
 )
 from services.reconcile import Reconciler
+from services.spend import SpendWatch
 from services.wake import Waker
 from workflows.contracts import PromptJobInput
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
@@ -132,6 +133,7 @@ class Dispatcher:
             task_queue=task_queue,
             worker_heartbeat_s=worker_heartbeat_s,
         )
+        self.spend_watch = SpendWatch(store.spend_caps)
         self.reconciler = Reconciler(
             store,
             client,
@@ -295,6 +297,7 @@ class Dispatcher:
             await self._pass("wake", self.waker.wake_slot_waiters)
             await self._pass("wake budgets", self.waker.wake_budget_waiters)
             await self._pass("wake spend caps", self.waker.wake_spend_waiters)
+            await self._pass("watch spend caps", self.spend_watch.watch_once)
             if last_reconcile is None or loop.time() - last_reconcile >= self.reconcile_interval_s:
                 last_reconcile = loop.time()
                 await self._pass("reconcile", self.reconciler.reconcile_once)

@@ -11,6 +11,7 @@ accepted then wait for room like any other)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,18 +21,23 @@ from activities.adapters.options import PromptOptions
 from activities.budgets import input_estimate, least_tokens
 from activities.prices import PriceTable
 from activities.stale import AtMostEvery
+from projections import metrics
 from projections.scope import Scope
 from projections.shared_reads import SharedReads
 from projections.spend import (
     NO_CAPS,
+    THRESHOLDS,
     Cap,
     Caps,
     CostsMoreThanCap,
     OverSpendCap,
     SpendCaps,
     UnpricedUnderCap,
+    day_of,
     resets_at,
 )
+
+log = logging.getLogger("promptjobs.spend")
 
 CAPS_READ_S = 2.0
 SPENT_READ_S = 1.0
@@ -90,3 +96,49 @@ class SpendGate:
             return spent
 
         return await self._reads.read(cap.name, read)
+
+
+# How often the dispatcher looks at the caps' shares for the 80 % and 100 % notices.
+WATCH_S = 10.0
+
+
+@dataclass
+class SpendWatch:
+    """Says, once per cap and day, when a cap's day passes 80 % and 100 % of it: a warning in
+    the log and `promptjobs_spend_cap_crossed_total` (the gauges are /metrics' own, read at
+    each scrape). Each API process's dispatcher watches: with several, each says so."""
+
+    store: SpendCaps
+    every_s: float = WATCH_S
+    _said: dict[str, tuple[datetime, float]] = field(default_factory=dict)
+    _last: float = -1e9
+
+    async def watch_once(self) -> int:
+        """The notices given now (none until `every_s` has passed since the last look)."""
+        if time.monotonic() - self._last < self.every_s:
+            return 0
+        self._last = time.monotonic()
+        now = datetime.now(UTC)
+        today = day_of(now)
+        notices = 0
+        for standing in await self.store.standings(now):
+            cap = standing.cap
+            passed = max((t for t in THRESHOLDS if standing.share >= t), default=0.0)
+            day, said = self._said.get(cap.name, (today, 0.0))
+            if day != today:
+                said = 0.0
+            if passed > said:
+                log.warning(
+                    "%s spend cap: %.0f%% of its $%.2f a day used ($%.4f spent, $%.4f held by "
+                    "calls in flight)%s",
+                    cap.describe(),
+                    100 * standing.share,
+                    cap.usd_per_day,
+                    standing.spent,
+                    standing.held,
+                    "; its jobs wait for the day to turn" if passed >= 1.0 else "",
+                )
+                metrics.SPEND_CROSSED.labels(cap=cap.name, share=f"{passed:g}").inc()
+                notices += 1
+            self._said[cap.name] = (today, max(said, passed))
+        return notices

@@ -207,7 +207,10 @@ async def test_an_orgs_limit_is_read_by_every_worker_at_each_admission(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("orgs", "limit", "acme"), "give a limit (0 for none), --default, or --tpm N"),
+        (
+            ("orgs", "limit", "acme"),
+            "give a limit (0 for none), --default, --tpm N or --usd-per-day N",
+        ),
         (("orgs", "limit", "acme", "3", "--default"), "give a limit (0 for none) or --default"),
         (("orgs", "limit", "acme", "--", "-1"), "the limit must be 0 or more"),
     ],
