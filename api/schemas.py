@@ -444,6 +444,9 @@ class SpendOut(BaseModel):
     provider: str | None = Field(default=None, description="The model's provider (by model)")
     model: str | None = Field(default=None, description="The model asked for (by model)")
     user: str | None = Field(default=None, description="Who submitted the jobs (by user)")
+    key_id: str | None = Field(
+        default=None, description="The API key that submitted the jobs (by key; null: none)"
+    )
     attempts: int
     input_tokens: int
     output_tokens: int
@@ -459,6 +462,17 @@ class SpendPeriod(SpendOut):
     by_user: list[SpendOut] | None = Field(
         default=None, description="Per user who submitted (an admin's view; null for a member)"
     )
+    by_key: list[SpendOut] = Field(description="Per API key that submitted the jobs")
+
+
+class CapOut(BaseModel):
+    """A spend cap the caller's jobs count against, and what its UTC day has used of it."""
+
+    key_id: str | None = Field(description="The key's own cap; null: the org's")
+    usd_per_day: float
+    spent_usd: float = Field(description="By attempts that ended today (UTC)")
+    held_usd: float = Field(description="Held by calls in flight (what they may cost)")
+    resets_at: Timestamp = Field(description="When the cap's day turns (midnight UTC)")
 
 
 class UsageOut(BaseModel):
@@ -468,3 +482,7 @@ class UsageOut(BaseModel):
     )
     today: SpendPeriod
     month: SpendPeriod
+    caps: list[CapOut] = Field(
+        description="The spend caps your jobs count against (`promptjobs orgs limit "
+        "--usd-per-day`): your org's, and your key's own"
+    )

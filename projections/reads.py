@@ -86,6 +86,8 @@ class SpendLine:
     unpriced: int
     # Whether they ended in the read's recent part (`JobReads.spend`).
     recent: bool = False
+    # The API key that submitted the jobs (None: before migration 0022, or made otherwise).
+    key_id: str | None = None
 
 
 class JobReads:
@@ -162,8 +164,8 @@ class JobReads:
 
     async def spend(self, scope: Scope, since: datetime, recent: datetime) -> list[SpendLine]:
         """What the caller's attempts that ended at or after `since` consumed (an admin: the
-        org's), per provider, model, the user who submitted each job, and whether they ended
-        at or after `recent` too (a month's and its last day's, in one read)."""
+        org's), per provider, model, the user and the key that submitted each job, and whether
+        they ended at or after `recent` too (a month's and its last day's, in one read)."""
         is_recent = case((AttemptRecord.ended_at >= recent, True), else_=False)
         by_place = cast(
             Select[Any],
@@ -171,6 +173,7 @@ class JobReads:
                 AttemptRecord.provider,
                 AttemptRecord.model,
                 Job.author,
+                Job.key_id,
                 is_recent,
                 func.count(),
                 func.coalesce(func.sum(AttemptRecord.input_tokens), 0),
@@ -180,13 +183,15 @@ class JobReads:
             )
             .join(Job, Job.job_id == AttemptRecord.job_id)
             .where(AttemptRecord.ended_at >= since)
-            .group_by(AttemptRecord.provider, AttemptRecord.model, Job.author, is_recent),
+            .group_by(
+                AttemptRecord.provider, AttemptRecord.model, Job.author, Job.key_id, is_recent
+            ),
         )
         async with self.sessions() as session:
             rows = (await session.execute(scoped(by_place, Job, scope))).all()
         return [
-            SpendLine(p, m, a, int(n), int(i), int(o), round(float(c), 9), int(u), bool(r))
-            for p, m, a, r, n, i, o, c, u in rows
+            SpendLine(p, m, a, int(n), int(i), int(o), round(float(c), 9), int(u), bool(r), k)
+            for p, m, a, k, r, n, i, o, c, u in rows
         ]
 
     async def attempt_record(self, job_id: str, attempt: int) -> AttemptRecord | None:

@@ -325,9 +325,13 @@ class SpendCaps:
 
     async def spent(self, cap: Cap, now: datetime) -> float:
         """What `cap` has spent and holds today."""
+        return sum(await self.spent_and_held(cap, now))
+
+    async def spent_and_held(self, cap: Cap, now: datetime) -> tuple[float, float]:
+        """What `cap` has spent today, and what its calls in flight hold."""
         async with self.sessions() as session:
             settled, held = (await session.execute(spent_query(cap, day_of(now)))).one()
-            return float(settled) + float(held)
+            return float(settled), float(held)
 
     async def set_org_cap(
         self, org: str, usd_per_day: float | None, over_cap: str | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from projections.keys import key_id_of
 from tests.conftest import Stack, eventually
 
 
@@ -56,3 +57,26 @@ async def test_members_read_their_own_spend_and_admins_their_orgs(stack: Stack) 
 
     elsewhere = (await usage(stack, stranger))["today"]
     assert (elsewhere["attempts"], elsewhere["by_model"], elsewhere["by_user"]) == (0, [], [])
+    assert [(k["key_id"], k["attempts"]) for k in org["by_key"]] == sorted(
+        [(key_id_of(ann), 2), (key_id_of(bob), 2)]
+    )
+
+
+async def test_usage_names_the_caps_a_key_counts_against(stack: Stack) -> None:
+    ann = await stack.key("umbrella", "ann")
+    bob = await stack.key("umbrella", "bob")
+    caps = stack.projection.store.spend_caps
+    await caps.set_org_cap("umbrella", 20.0)
+    await caps.set_key_cap(str(key_id_of(ann)), 2.5)
+    await run(stack, ann, 1)
+
+    mine = await usage(stack, ann)
+    assert [(c["key_id"], c["usd_per_day"]) for c in mine["caps"]] == [
+        (None, 20.0),
+        (key_id_of(ann), 2.5),
+    ]
+    assert mine["caps"][0]["spent_usd"] == 0.0 and mine["caps"][0]["resets_at"].endswith(
+        "T00:00:00Z"
+    )
+    assert [c["key_id"] for c in (await usage(stack, bob))["caps"]] == [None]
+    assert [k["key_id"] for k in mine["today"]["by_key"]] == [key_id_of(ann)]
