@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from pydantic import ValidationError
+
 from activities.adapters.batch import LineResult
+from activities.adapters.options import PromptOptions, targets
 from activities.adapters.structured import OutputSchema
 from activities.attempt import checked
 from activities.budgets import estimate_tokens
@@ -20,7 +23,7 @@ from activities.outages import through_outages
 from activities.prices import PriceTable
 from activities.settle import Settling
 from projections.domain.lifecycle import End, ErrorKind, JobState
-from projections.models import Job, ProviderBatch
+from projections.models import Job, ProviderBatch, job_options
 from projections.provider_batches import Member
 from projections.store import JobStore
 from projections.streams import AttemptUsage, OutputBatch
@@ -158,16 +161,44 @@ class BatchLine:
         why = f"{via_batch(batch)} {ended} without running it"
         if batch.provider_status not in (None, LOST):
             why = f"{via_batch(batch)} ended {batch.provider_status} without running it"
+        # As an outage does, it moves the job on to its next place, if it has one.
+        place = await self._next_place()
+        moved = None if place is None else f"{why}: moved on to its place {place[0]}, {place[1]}"
         if job.state is not JobState.RUNNING:
-            return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {why}")
+            if place is not None:
+                await self.store.provider_batches.move_on(job.job_id, place[0])
+            return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {moved or why}")
         usage = replace(
             await self.usage(job.attempt),
             outcome=ErrorKind.TIMEOUT.value,
+            detail=None if moved is None else {"moved_on": moved},
         )
         await self.settling.requeue(
-            job.job_id, job.attempt, ErrorKind.TIMEOUT, why, usage=usage, counted=False
+            job.job_id,
+            job.attempt,
+            ErrorKind.TIMEOUT,
+            why,
+            usage=usage,
+            counted=False,
+            fallback=None if place is None else place[0],
         )
-        return BatchVerdict(False, JobState.QUEUED, job.attempt, 1, via=f"{DIRECTLY}: {why}")
+        return BatchVerdict(
+            False, JobState.QUEUED, job.attempt, 1, via=f"{DIRECTLY}: {moved or why}"
+        )
+
+    async def _next_place(self) -> tuple[int, str] | None:
+        """The job's next place (`options.fallbacks`) and its name, if it has another."""
+        job_id = self.job.job_id
+        job, prompt = await through_outages("load job", lambda: self.store.job_and_prompt(job_id))
+        try:
+            places = targets(PromptOptions.model_validate(job_options(job, prompt)))
+        except ValidationError:
+            return None
+        if len(places) < 2:
+            return None
+        index = (job.fallback + 1) % len(places)
+        there = places[index]
+        return index, f"{there.provider or 'the default provider'}/{there.model or 'its model'}"
 
     async def _row(self) -> Job:
         """The job's row as settling left it."""

@@ -53,9 +53,13 @@ class ProviderBatches:
         self.sessions = sessions
         self.writes = writes
 
-    async def defer(self, job: Job, provider: str, model: str) -> DeferredJob:
+    async def defer(
+        self, job: Job, provider: str, model: str, *, place: int | None = None
+    ) -> DeferredJob:
         """The job waits to be gathered into a batch of `provider` and `model` (once: a
-        repeat of the same job's deferral changes nothing): its row as it now stands."""
+        repeat of the same job's deferral changes nothing): its row as it now stands.
+        `place`: that is another of the job's places (`options.fallbacks`), its place from
+        now on."""
         row = {
             "job_id": job.job_id,
             "org": job.org,
@@ -70,19 +74,32 @@ class ProviderBatches:
             tx.execute(dialect_insert(DEFERRED).on_conflict_do_nothing(), row)
             # Why it waits, on its row (as a wait for provider capacity says it); its start
             # clears it.
+            waiting = f"deferrable: waiting for a provider batch of {provider}/{model}"
+            values: dict[str, Any] = {"waiting_for": waiting[:1000]}
+            if place is not None:
+                values["fallback"] = place
             tx.execute(
                 update(JOBS)
                 .where(JOBS.c.job_id == job.job_id, JOBS.c.state == JobState.QUEUED)
-                .values(
-                    waiting_for=f"deferrable: waiting for a provider batch of {provider}/{model}"[
-                        :1000
-                    ]
-                )
+                .values(values)
             )
             kept = tx.execute(select(DEFERRED).where(DEFERRED.c.job_id == job.job_id)).one()
             return DeferredJob(**kept._mapping)
 
         return await self.writes.run(write)
+
+    async def move_on(self, job_id: str, place: int) -> None:
+        """The queued job runs at its `place`-th place from now on (its batch ended without
+        running it: the same rule as an outage)."""
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(JOBS)
+                .where(JOBS.c.job_id == job_id, JOBS.c.state == JobState.QUEUED)
+                .values(fallback=place)
+            )
+
+        await self.writes.run(write)
 
     async def unsupported(self, provider: str) -> str | None:
         """Why `provider` has no batch API, if a batch found so lately (UNSUPPORTED_MEMORY)."""

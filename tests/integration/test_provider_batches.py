@@ -287,6 +287,42 @@ async def test_lines_an_expired_batch_did_not_run_run_directly_at_no_attempt(
     assert ran_directly == 2
 
 
+async def test_a_deferrable_job_waits_for_the_batch_of_its_next_place_with_one(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    """Its own provider has no batch API; its fallback's does: it waits for that batch,
+    which is its place from then on (issue 48)."""
+    tag = uuid.uuid4().hex[:8]
+    fallbacks = [{"provider": "openai", "model": "gpt-batch-2"}]
+    job_id = await submit(batching, f"elsewhere {tag}", provider="fake", fallbacks=fallbacks)
+    assert (await batching.settled(job_id, timeout=30))["state"] == "succeeded"
+    [attempt] = await attempts(batching, job_id)
+    assert (attempt["provider"], attempt["model"]) == ("openai", "gpt-batch-2")
+    assert attempt["via"].startswith("provider batch"), attempt
+
+
+async def test_lines_an_expired_batch_did_not_run_move_on_to_the_next_place(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    """As an outage does (issue 48): an expired batch's lines run at the job's next place."""
+    await behave(mock_provider, run_s=3.0, expire_after=1)
+    tag = uuid.uuid4().hex[:8]
+    fallbacks = [{"provider": "anthropic", "model": "claude-batch-1"}]
+    jobs = [
+        await submit(batching, f"expiring {i} {tag}", max_tokens=20, fallbacks=fallbacks)
+        for i in range(3)
+    ]
+    moved = 0
+    for job_id in jobs:
+        assert (await batching.settled(job_id, timeout=30))["state"] == "succeeded"
+        tried = await attempts(batching, job_id)
+        if len(tried) == 2:
+            moved += 1
+            assert "moved on to its place 1, anthropic/claude-batch-1" in tried[0]["moved_on"]
+            assert (tried[1]["provider"], tried[1]["model"]) == ("anthropic", "claude-batch-1")
+    assert moved == 2
+
+
 async def test_a_deferrable_job_outlives_the_ordinary_ceiling(
     dev_server: WorkflowEnvironment,
     database_url: str,
