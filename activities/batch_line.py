@@ -165,6 +165,8 @@ class BatchLine:
         place = await self._next_place()
         moved = None if place is None else f"{why}: moved on to its place {place[0]}, {place[1]}"
         if job.state is not JobState.RUNNING:
+            # What its line held under a spend cap is given back: the call was not made.
+            await self.store.spend_caps.release(job.job_id, job.attempt + 1)
             if place is not None:
                 await self.store.provider_batches.move_on(job.job_id, place[0])
             return BatchVerdict(False, job.state, job.attempt, via=f"{DIRECTLY}: {moved or why}")

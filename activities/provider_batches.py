@@ -25,9 +25,11 @@ from activities.adapters.batch import (
     UnreadableLine,
     batch_api_of,
 )
-from activities.adapters.options import PromptOptions
+from activities.adapters.conversation import count_images
+from activities.adapters.options import PromptOptions, options_of
 from activities.attempt import adapter_request
 from activities.batch_line import LOST, BatchLine, settled_verdict, via_batch
+from activities.budgets import FIRST_ANSWER_TOKENS, answer_limit, input_estimate
 from activities.contracts import (
     ATTEMPT_REPORTED,
     BATCH_DONE,
@@ -51,6 +53,7 @@ from projections.domain.lifecycle import (
 from projections.errors import database_unavailable
 from projections.models import Job, ProviderBatch
 from projections.provider_batches import Member
+from projections.spend import Caps
 from projections.store import JobStore
 
 # The jobs of a batch read with their prompts at once, while it is sent: memory stays in
@@ -88,8 +91,12 @@ class BatchActivities:
         backoff: BackoffPolicy,
         prices: PriceTable,
         metrics_org_labels: bool = False,
+        *,
+        caps_allow_unpriced: bool = False,
     ) -> None:
         self.store = store
+        # A line under a spend cap on a model without a price holds nothing if allowed.
+        self.allow_unpriced = caps_allow_unpriced
         self.settling = Settling(store, backoff, metrics_org_labels)
         self.batches = store.provider_batches
         self.adapters = adapters
@@ -168,6 +175,7 @@ class BatchActivities:
         left: list[str] = []
         size, queued = 0, False
         after: Member | None = None
+        caps = await self.store.spend_caps.caps()
         while page := await self.batches.with_prompts(batch.batch_id, after=after, limit=PAGE):
             after = page[-1]
             for member in page:
@@ -185,10 +193,34 @@ class BatchActivities:
                 if size > BATCH_BYTES and chosen:
                     left.append(member.job.job_id)
                     continue
+                if (over := await self._hold(member, caps)) is not None:
+                    # Past its cap: it runs directly, and waits for the cap there.
+                    await self._direct(member, f"{DIRECTLY}: {over}")
+                    continue
                 chosen.append(member.job.job_id)
         if left:
             await self.batches.release(batch.batch_id, left)
         return chosen if queued else None
+
+    async def _hold(self, member: Member, caps: Caps) -> str | None:
+        """Under a spend cap, the line holds what it may cost at the batch price (the
+        estimate a direct call holds, halved or as the model's `batch` says); why not, if
+        that does not fit."""
+        job, prompt = member.job, member.prompt
+        found = caps.of(job.org, job.key_id)
+        if not found or prompt is None:
+            return None
+        options, _ = options_of(job, prompt)
+        model = self.adapters.model_of(options)
+        asked = input_estimate(prompt.text, options, count_images(prompt.messages))
+        answer = answer_limit(self.adapters, options) or FIRST_ANSWER_TOKENS
+        usd = self.prices.cost(model, asked, answer, batch=True)
+        if usd is None and self.allow_unpriced:
+            usd = 0.0
+        place = f"{self.adapters.provider_of(options)}/{model}"
+        return await self.store.spend_caps.hold_line(
+            job.job_id, job.attempt + 1, job.org, job.key_id, found, usd, place
+        )
 
     async def _lines(self, job_ids: list[str]) -> AsyncIterator[AdapterRequest]:
         """The chosen jobs' requests, read a page of prompts at a time."""
@@ -227,6 +259,8 @@ class BatchActivities:
     async def _direct(self, member: Member, via: str) -> None:
         """The job runs directly, its batch not having sent it: kept and told."""
         verdict = BatchVerdict(False, member.job.state, member.job.attempt, via=via)
+        # What its line held under a spend cap is given back: it was not sent.
+        await self.store.spend_caps.release(member.job.job_id, member.job.attempt + 1)
         await self.batches.record(member.job.job_id, verdict=asdict(verdict))
         await self._tell(member, verdict)
 

@@ -160,13 +160,21 @@ class OverCap:
 
 
 def check(
-    tx: WriteTx, job_id: str, caps: tuple[Cap, ...], usd: float | None, place: str, now: datetime
+    tx: WriteTx,
+    job_id: str,
+    caps: tuple[Cap, ...],
+    usd: float | None,
+    place: str,
+    now: datetime,
+    *,
+    wait: bool = True,
 ) -> OverCap | None:
     """Whether a call that may cost `usd` fits every cap it counts against; the first it does
     not fit is recorded as the job's wait (a waiter's row, `waiting_for`). `usd` None: its
     model (at `place`) has no price, so no cap can hold it: it waits for one (a price file
     read at the workers' restart, or PROMPTJOBS_CAPS_ALLOW_UNPRICED), asking again from time
-    to time rather than being woken."""
+    to time rather than being woken. `wait` False: nothing is recorded of a call that does
+    not fit (a batch's line, which then runs directly)."""
     if tx.postgresql:
         for cap in caps:  # the org's, then the key's: always in that order
             tx.execute(_LOCK, {"namespace": SPEND_LOCK_NAMESPACE, "cap": cap.name})
@@ -176,6 +184,8 @@ def check(
             "cap needs one to hold what a call may cost: an operator adds it "
             "(PROMPTJOBS_PRICES_FILE) or allows unpriced models (PROMPTJOBS_CAPS_ALLOW_UNPRICED)"
         )
+        if not wait:
+            return OverCap(now, reason)
         return _wait(tx, job_id, None, 0.0, now + UNPRICED_RECHECK, reason, now)
     since = day_of(now)
     for cap in caps:
@@ -194,6 +204,8 @@ def check(
             f"or held by calls in flight{alone}; resets {until:%Y-%m-%d %H:%M} UTC, or sooner if "
             "the cap is raised"
         )
+        if not wait:
+            return OverCap(until, reason)
         return _wait(tx, job_id, cap, usd, until, reason, now)
     return None
 
@@ -332,6 +344,38 @@ class SpendCaps:
         async with self.sessions() as session:
             settled, held = (await session.execute(spent_query(cap, day_of(now)))).one()
             return float(settled), float(held)
+
+    async def hold_line(
+        self,
+        job_id: str,
+        attempt: int,
+        org: str,
+        key_id: str | None,
+        caps: tuple[Cap, ...],
+        usd: float | None,
+        place: str,
+    ) -> str | None:
+        """A provider batch's line holds what it may cost (at the batch price) as the batch
+        is sent, by the rules a direct call's start follows; why not, if it does not fit (it
+        then runs directly, and waits for the cap there like any job)."""
+
+        def write(tx: WriteTx) -> str | None:
+            now = datetime.now(UTC)
+            over = check(tx, job_id, caps, usd, place, now, wait=False)
+            if over is not None:
+                return over.reason
+            hold(tx, job_id, attempt, org, key_id, usd or 0.0, now)
+            return None
+
+        return await self.writes.run(write)
+
+    async def release(self, job_id: str, attempt: int) -> None:
+        """The hold of an attempt that will not be made (a batch's line it did not run)."""
+        await self.writes.run(
+            lambda tx: tx.execute(
+                delete(HOLDS).where(HOLDS.c.job_id == job_id, HOLDS.c.attempt == attempt)
+            )
+        )
 
     async def set_org_cap(
         self, org: str, usd_per_day: float | None, over_cap: str | None = None

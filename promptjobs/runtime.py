@@ -95,7 +95,13 @@ def build_worker(
         caps_allow_unpriced=settings.caps_allow_unpriced,
         heartbeat_s=settings.heartbeat_timeout_s,
     )
-    batches = BatchActivities(projection.store, adapters, settings.backoff, activities.tools.prices)
+    batches = BatchActivities(
+        projection.store,
+        adapters,
+        settings.backoff,
+        activities.tools.prices,
+        caps_allow_unpriced=settings.caps_allow_unpriced,
+    )
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,

@@ -5,6 +5,7 @@ sent back to run directly where the batch did not run them."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import uuid
@@ -321,6 +322,37 @@ async def test_lines_an_expired_batch_did_not_run_move_on_to_the_next_place(
             assert "moved on to its place 1, anthropic/claude-batch-1" in tried[0]["moved_on"]
             assert (tried[1]["provider"], tried[1]["model"]) == ("anthropic", "claude-batch-1")
     assert moved == 2
+
+
+async def test_lines_under_a_spend_cap_hold_the_batch_price_and_the_rest_run_directly(
+    batching: Stack, mock_provider: MockProviderServer
+) -> None:
+    """Issue 48: a batch's lines hold their cost at the batch price as it is sent; the line
+    that does not fit the org's cap runs directly, waiting for the cap there."""
+    tag = uuid.uuid4().hex[:8]
+    prompts = [f"capped {i} {tag}" for i in range(3)]
+    # gpt-batch-1: $1 and $4 a million, half in a batch; each line: its prompt's tokens
+    # (four characters each) and its 20 max_tokens.
+    line_usd = (-(-len(prompts[0]) // 4) * 1.0 + 20 * 4.0) / 1e6 * 0.5
+    await batching.projection.store.spend_caps.set_org_cap("acme", 2.5 * line_usd)
+    jobs = []
+    for prompt in prompts:
+        jobs.append(await submit(batching, prompt, max_tokens=20))
+
+    def two_ran_one_waits(found: list[dict[str, Any]]) -> bool:
+        ran = [j for j in found if j["state"] == "succeeded"]
+        waiting = [j for j in found if "spend cap" in (j["waiting_for"] or "")]
+        return len(ran) == 2 and len(waiting) == 1
+
+    await eventually(
+        lambda: asyncio.gather(*(batching.job(j) for j in jobs)), two_ran_one_waits, timeout=30
+    )
+    await batching.projection.store.spend_caps.set_org_cap("acme", None)
+    for job_id in jobs:
+        assert (await batching.settled(job_id, timeout=30))["state"] == "succeeded"
+    via = [(await attempts(batching, job_id))[-1]["via"] for job_id in jobs]
+    assert sum(v.startswith("provider batch") for v in via) == 2, via
+    assert sum("spend cap" in v for v in via) == 1, via
 
 
 async def test_a_deferrable_job_outlives_the_ordinary_ceiling(
