@@ -23,6 +23,7 @@ from api.routes import (
     prompts,
     responses,
     usage,
+    webhooks,
 )
 
 # Room for the JSON envelope around the largest prompt allowed (options, escapes).
@@ -60,6 +61,7 @@ def create_app(ctx: ApiContext) -> FastAPI:
         batches,
         events,
         usage,
+        webhooks,
         health,
         metrics,
         page,

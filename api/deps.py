@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from activities.webhooks import Allowed
 from api.changes import ChangeFeed
 from api.problems import Problem
 from projections.keys import KeyCache, key_id_of
@@ -36,6 +37,8 @@ class ApiContext:
     sse_max_lifetime_s: float
     queue_depth: QueueDepth
     keys: KeyCache = field(default_factory=KeyCache)
+    # Where webhook URLs may point besides public addresses (PROMPTJOBS_WEBHOOK_ALLOW_*).
+    webhooks_allowed: Allowed = field(default_factory=Allowed)
     metrics_token: str | None = field(default=None, repr=False)
 
 

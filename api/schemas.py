@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -14,6 +14,7 @@ from pydantic import (
     Field,
     Strict,
     StrictStr,
+    StringConstraints,
     field_validator,
     model_validator,
 )
@@ -486,3 +487,127 @@ class UsageOut(BaseModel):
         description="The spend caps your jobs count against (`promptjobs orgs limit "
         "--usd-per-day`): your org's, and your key's own"
     )
+
+
+# -- webhooks ------------------------------------------------------------------------------
+
+WebhookEvent = Literal[
+    "job.succeeded", "job.failed", "job.cancelled", "job.superseded", "job.running"
+]
+
+
+class WebhookIn(BaseModel):
+    """A webhook endpoint to create (an admin key: the org's)."""
+
+    model_config = STRICT_BODY
+
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2000)] = Field(
+        description="Where deliveries go: https:// (or http://) to a public address"
+    )
+    events: list[WebhookEvent] = Field(
+        default_factory=list,
+        max_length=10,
+        description="The event types it wants; empty: every job end (succeeded, failed, "
+        "cancelled, superseded). `job.running` (a job's first attempt began) only if named",
+    )
+    description: Annotated[str, StringConstraints(max_length=255)] | None = None
+
+
+class WebhookChange(BaseModel):
+    """What to change of an endpoint; what is left out stays."""
+
+    model_config = STRICT_BODY
+
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
+    events: list[WebhookEvent] | None = Field(default=None, max_length=10)
+    description: Annotated[str, StringConstraints(max_length=255)] | None = None
+    enabled: bool | None = Field(
+        default=None, description="true enables a disabled endpoint again; false disables it"
+    )
+
+
+class RotateIn(BaseModel):
+    model_config = STRICT_BODY
+
+    overlap_s: int = Field(
+        default=86_400,
+        ge=0,
+        le=7 * 86_400,
+        description="How long the previous secret keeps signing too (both signatures sent)",
+    )
+
+
+class RedeliverIn(BaseModel):
+    model_config = STRICT_BODY
+
+    delivery_id: str | None = Field(default=None, description="One delivery to send again")
+    since: Annotated[AwareDatetime, Strict(False)] | None = Field(
+        default=None, description="Else every failed delivery made since this time (or ever)"
+    )
+
+    @field_validator("since", mode="before")
+    @classmethod
+    def _iso_text(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str):
+            raise PydanticCustomError(
+                "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
+            )
+        return value
+
+    @field_validator("since")
+    @classmethod
+    def _in_range(cls, value: datetime | None) -> datetime | None:
+        try:
+            return None if value is None else value.astimezone(UTC)
+        except OverflowError:
+            raise PydanticCustomError(
+                "datetime_out_of_range", "is out of range: give a time between years 1 and 9999 UTC"
+            ) from None
+
+
+class WebhookOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    endpoint_id: str
+    url: str
+    events: list[str]
+    description: str | None
+    enabled: bool
+    disabled_reason: str | None = Field(
+        description="Why deliveries stopped: 410 Gone, failing for days, or the org's choice"
+    )
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class WebhookWithSecret(WebhookOut):
+    secret: str = Field(
+        description="The signing secret (`whsec_…`), shown only when made or rotated: keep it"
+    )
+
+
+class WebhookList(BaseModel):
+    data: list[WebhookOut]
+
+
+class DeliveryOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    delivery_id: str = Field(description="Its `webhook-id`: the same on every try")
+    event_type: str
+    job_id: str | None
+    state: str = Field(description="pending, delivered or failed")
+    attempts: int
+    last_status: int | None = Field(description="The receiver's last HTTP status, if any")
+    last_error: str | None
+    created_at: Timestamp = Field(description="When the state change it tells of happened")
+    last_attempt_at: Timestamp | None
+    delivered_at: Timestamp | None
+
+
+class DeliveryList(BaseModel):
+    data: list[DeliveryOut]
+
+
+class Redelivered(BaseModel):
+    delivery_ids: list[str]

@@ -157,6 +157,18 @@ SPEND_CROSSED = Counter(
     ["cap", "share"],
 )
 
+WEBHOOKS = Counter(
+    "promptjobs_webhook_tries_total",
+    "Webhook delivery tries, by outcome: delivered (2xx), retried (to be tried again), failed "
+    "(tries over, 410 Gone), refused (an address inside a network)",
+    ["outcome"],
+)
+WEBHOOK_LATENCY = Histogram(
+    "promptjobs_webhook_delivery_seconds",
+    "From the state change a delivery tells of to the receiver's 2xx",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, 21600, 86400),
+)
+
 # Every budget's gauges: set anew on each scrape (record_budgets).
 BUDGET_GAUGES = (
     BUDGET_LIMIT,

@@ -620,3 +620,57 @@ class DeferredJob(Base):
     # job's workflow once its line was settled (a repeated settling tells it again).
     attempt: Mapped[int | None] = mapped_column(Integer)
     verdict: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+
+
+class WebhookEndpoint(Base):
+    """Where an org's job events are sent (projections/webhooks.py): its URL, the event types
+    it wants, and the secret its deliveries are signed with (Standard Webhooks); while a
+    rotation overlaps, the previous secret signs too, until `previous_until`."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_org", "org"),)
+
+    endpoint_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    org: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(Text)
+    # The event types it wants (`job.succeeded`, …); an empty list: every job end.
+    events: Mapped[list[str]] = mapped_column(JSON)
+    description: Mapped[str | None] = mapped_column(String(255))
+    secret: Mapped[str] = mapped_column(String(100))
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Set: nothing more is sent to it (410 Gone, or failing for days), and why.
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class WebhookDelivery(Base):
+    """One event for one endpoint: written in the transaction of the state change it tells
+    of (the outbox), then sent by its own workflow until a 2xx or the retries' end. Its id is
+    the `webhook-id` every try of it carries."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at"),
+        Index("ix_webhook_deliveries_undispatched", "dispatched_at", "created_at"),
+    )
+
+    delivery_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(String(40))
+    org: Mapped[str] = mapped_column(String(64))
+    event_type: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str | None] = mapped_column(String(40))
+    # The body, fixed when the event happened: every try sends the same bytes.
+    payload: Mapped[str] = mapped_column(Text)
+    # pending, delivered, failed (retries over, or its endpoint disabled or gone)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # When its workflow was started (null: not yet; the dispatcher's scan starts it).
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

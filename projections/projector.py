@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections import budgets
+from projections import budgets, webhooks
 from projections.admission import Waiting, admit
 from projections.budgets import BudgetWait, Draw
 from projections.chain_store import waiting_children_query
@@ -239,6 +239,9 @@ def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
     append_event(tx, job, event_id, now)
     if t.target.is_terminal and t.target is not JobState.SUPERSEDED and run_is_over(tx, job):
         log_done(tx, job, now)
+    if (event := webhooks.event_of(job, t.target)) is not None:
+        # The outbox: each endpoint's delivery commits with the change it tells of.
+        webhooks.enqueue(tx, job, event, now)
     return job
 
 

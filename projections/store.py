@@ -3,8 +3,9 @@ of its writes (projections/writes.py), reads (reads.py) and the dispatcher's sca
 over one session factory and the projector that owns transitions. What is not one job's
 row has a repository on it: `keys`, `workers`, `chains`, `orgs` (each org's share),
 `budgets` (provider budgets), `circuits` (places that fail for everyone), `spend_caps`,
-`files` and `batches` (OpenAI's Files and Batch APIs), `provider_batches` (deferrable jobs
-gathered into providers' batches) and `operations` (the operator's views and archive). A new
+`webhooks` (endpoints and the outbox), `files` and `batches` (OpenAI's Files and Batch APIs),
+`provider_batches` (deferrable jobs gathered into providers' batches) and `operations` (the
+operator's views and archive). A new
 query goes into one of these, never into a free function that takes a session factory
 (docs/decisions.md)."""
 
@@ -27,6 +28,7 @@ from projections.provider_batches import ProviderBatches
 from projections.reads import JobReads
 from projections.scans import DispatchScans
 from projections.spend import SpendCaps
+from projections.webhooks import Webhooks
 from projections.workers import WorkerRegistry
 from projections.writes import JobWrites
 
@@ -54,6 +56,7 @@ class JobStore(JobWrites, JobReads, DispatchScans):
         self.budgets = Budgets(sessions, projector.writes, projector.budget_window)
         self.circuits = Circuits(sessions, projector.writes)
         self.spend_caps = SpendCaps(sessions, projector.writes)
+        self.webhooks = Webhooks(sessions, projector.writes)
         self.operations = Operations(sessions, projector.writes)
         self.files = FileStore(sessions, projector.writes)
         self.batches = BatchStore(sessions, projector.writes)

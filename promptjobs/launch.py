@@ -40,6 +40,7 @@ from promptjobs.settings import Settings
 from promptjobs.tracing import Tracing, start_tracing
 from services.dispatch import PRIORITY_LEVELS
 from services.retention import RetentionPolicy, keep_retention_schedule
+from services.webhooks import WebhookStarter
 from workflows import search_attributes
 
 log = logging.getLogger("promptjobs")
@@ -312,6 +313,14 @@ async def serve(
         tasks.append(asyncio.create_task(dispatcher.run(stop=stop), name="dispatcher"))
         runner = app.state.context.batches
         tasks.append(asyncio.create_task(runner.run(stop=stop), name="batches"))
+    # Webhook deliveries start from the process that commits them (services/webhooks.py).
+    starter = WebhookStarter(
+        projection.store,
+        client,
+        settings.temporal_task_queue,
+        first_retry_s=settings.webhook_first_retry_s,
+    )
+    tasks.append(asyncio.create_task(starter.run(stop=stop), name="webhook starter"))
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(), name="worker"))
         gatherer = build_gatherer(settings, client, projection)

@@ -25,6 +25,7 @@ from activities.output import OutputStreams
 from activities.prices import PriceTable
 from activities.provider_batches import BatchActivities
 from activities.retention import RetentionActivities
+from activities.webhooks import Allowed, WebhookActivities
 from api.app import create_app
 from api.deps import ApiContext
 from api.openai.batches import OpenAIBatchLines
@@ -46,6 +47,7 @@ from services.openai_batches import BatchRunner
 from workflows.prompt_job import PromptJobWorkflow
 from workflows.provider_batch import ProviderBatchWorkflow
 from workflows.retention import RetentionWorkflow
+from workflows.webhook_delivery import WebhookDeliveryWorkflow
 
 __all__ = [
     "ApiServer",
@@ -64,6 +66,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("promptjobs")
+
+
+def allowed_webhooks(settings: Settings) -> Allowed:
+    """Where webhooks may go besides public addresses (docs/webhooks.md)."""
+    return Allowed.of(settings.webhook_allow_hosts, settings.webhook_allow_ranges)
 
 
 def build_worker(
@@ -102,10 +109,21 @@ def build_worker(
         activities.tools.prices,
         caps_allow_unpriced=settings.caps_allow_unpriced,
     )
+    webhooks = WebhookActivities(
+        projection.store,
+        allowed_webhooks(settings),
+        timeout_s=settings.webhook_timeout_s,
+        per_endpoint=settings.webhook_max_per_endpoint,
+    )
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,
-        workflows=[PromptJobWorkflow, ProviderBatchWorkflow, RetentionWorkflow],
+        workflows=[
+            PromptJobWorkflow,
+            ProviderBatchWorkflow,
+            RetentionWorkflow,
+            WebhookDeliveryWorkflow,
+        ],
         activities=[
             activities.call_adapter,
             activities.finalize_success,
@@ -116,6 +134,8 @@ def build_worker(
             batches.poll_provider_batch,
             batches.settle_provider_batch,
             RetentionActivities(projection.store.operations).archive_expired,
+            webhooks.deliver_webhook,
+            webhooks.webhook_gave_up,
         ],
         max_concurrent_activities=settings.worker_max_concurrent_activities,
         max_concurrent_workflow_tasks=settings.worker_max_concurrent_workflow_tasks,
@@ -149,6 +169,9 @@ def build_app(
             sse_keepalive_s=settings.sse_keepalive_s,
             sse_max_lifetime_s=settings.sse_max_lifetime_s,
             keys=KeyCache(ttl_s=settings.api_key_cache_ttl_s),
+            webhooks_allowed=Allowed.of(
+                settings.webhook_allow_hosts, settings.webhook_allow_ranges
+            ),
             queue_depth=QueueDepth(
                 projection.store.operations.jobs_by_state,
                 settings.metrics_cache_s,

@@ -248,6 +248,22 @@ class Settings(BaseSettings):
     """Price table (TOML): US dollars per million input and output tokens, per model name or
     pattern (docs/usage.md). An attempt on a model it does not price costs "unknown" (null),
     never 0. Unset: only the `fake` provider's models are priced (at 0)."""
+    webhook_allow_hosts: list[str] = Field(default_factory=list)
+    """Webhook hosts allowed although they resolve inside a network (loopback, private,
+    link-local): for development and tests. Public addresses need no allowing
+    (docs/webhooks.md)."""
+    webhook_allow_ranges: list[str] = Field(default_factory=list)
+    """Address ranges (CIDR, e.g. `127.0.0.0/8`, `10.1.0.0/16`) webhooks may reach although
+    they are inside a network."""
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
+    """A webhook try's read timeout (connecting: at most 5 s of it); past it the try fails
+    and is tried again later."""
+    webhook_first_retry_s: float = Field(default=5.0, gt=0, le=3600)
+    """The wait before a webhook delivery's second try; each next waits three times longer,
+    up to 6 h, for about three days in all (docs/webhooks.md)."""
+    webhook_max_per_endpoint: int = Field(default=4, ge=1)
+    """Tries in flight at once per endpoint in each worker: one tenant's slow endpoint holds
+    at most this many of a worker's slots."""
     caps_allow_unpriced: bool = False
     """Let jobs under a spend cap (`promptjobs orgs limit --usd-per-day`) run on models the
     price table does not price, counted as free. Off: such a job is refused at submission

@@ -38,6 +38,7 @@ from services.passes import (
 from services.reconcile import Reconciler
 from services.spend import SpendWatch
 from services.wake import Waker
+from services.webhooks import WebhookStarter
 from workflows.contracts import PromptJobInput
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 
@@ -98,6 +99,7 @@ class Dispatcher:
         org_max_running: int = 0,
         worker_heartbeat_s: float = 15.0,
         max_starts: int = 64,
+        webhook_first_retry_s: float = 5.0,
     ) -> None:
         self.store = store
         self.client = client
@@ -134,6 +136,9 @@ class Dispatcher:
             worker_heartbeat_s=worker_heartbeat_s,
         )
         self.spend_watch = SpendWatch(store.spend_caps)
+        self.webhooks = WebhookStarter(
+            store, client, task_queue, first_retry_s=webhook_first_retry_s
+        )
         self.reconciler = Reconciler(
             store,
             client,
@@ -298,6 +303,7 @@ class Dispatcher:
             await self._pass("wake budgets", self.waker.wake_budget_waiters)
             await self._pass("wake spend caps", self.waker.wake_spend_waiters)
             await self._pass("watch spend caps", self.spend_watch.watch_once)
+            await self._pass("start webhooks", self.webhooks.start_pending)
             if last_reconcile is None or loop.time() - last_reconcile >= self.reconcile_interval_s:
                 last_reconcile = loop.time()
                 await self._pass("reconcile", self.reconciler.reconcile_once)

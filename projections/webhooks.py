@@ -1,0 +1,385 @@
+"""Webhooks: each org's endpoints, and the outbox of deliveries.
+
+A delivery is written in the transaction of the state change it tells of (`enqueue`, from
+the projector's `transition`): if the change commits, so does the promise to tell each
+endpoint that wants it; if it rolls back, nothing is sent. Each delivery is then sent by a
+workflow of its own (workflows/webhook_delivery.py), started by the process that committed it
+or by the dispatcher's scan of the undispatched ones, so a process that dies after its commit
+loses nothing. Its id is the `webhook-id` every try carries (receivers dedupe by it), and its
+body is fixed when the event happens: every try sends the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from projections.domain.errors import Refused
+from projections.domain.lifecycle import JobState
+from projections.errors import NotFound
+from projections.event_log import prepared, utcnow
+from projections.group_commit import GroupCommit, WriteTx
+from projections.models import Base, Job, WebhookDelivery, WebhookEndpoint
+from projections.rows import job_row
+
+ENDPOINTS = Base.metadata.tables[WebhookEndpoint.__tablename__]
+DELIVERIES = Base.metadata.tables[WebhookDelivery.__tablename__]
+
+# A job's end, as each endpoint may ask for it; `job.running` (its first attempt began) only
+# where an endpoint names it.
+JOB_ENDS = ("job.succeeded", "job.failed", "job.cancelled", "job.superseded")
+JOB_RUNNING = "job.running"
+EVENT_TYPES = (*JOB_ENDS, JOB_RUNNING)
+# How long the previous secret signs too after a rotation, unless said otherwise.
+ROTATION_OVERLAP = timedelta(hours=24)
+# How many endpoints an org may have.
+MAX_ENDPOINTS = 20
+
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+
+
+def new_secret() -> str:
+    """A signing secret as the Standard Webhooks specification writes one: `whsec_` and the
+    base64 of 32 random bytes."""
+    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def new_delivery_id() -> str:
+    return f"evt_{uuid.uuid4().hex}"
+
+
+class TooManyEndpoints(Refused, ValueError):
+    code = "too_many_endpoints"
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"your organisation has its {MAX_ENDPOINTS} webhook endpoints: delete one first"
+        )
+
+
+class Outbox:
+    """Tells this process's starter that a transaction wrote deliveries (it may have rolled
+    back: the starter then finds none). Set from the writer's thread, read from the loop."""
+
+    def __init__(self) -> None:
+        self._written = threading.Event()
+
+    def written(self) -> None:
+        self._written.set()
+
+    def take(self) -> bool:
+        """Whether deliveries were written since the last take."""
+        if not self._written.is_set():
+            return False
+        self._written.clear()
+        return True
+
+
+OUTBOX = Outbox()
+
+
+def event_of(job: Job, target: JobState) -> str | None:
+    """The webhook event a transition to `target` is, if any."""
+    if target.is_terminal:
+        return f"job.{target.value}"
+    if target is JobState.RUNNING and job.attempt == 1:
+        return JOB_RUNNING
+    return None
+
+
+def wants(events: list[str], event: str) -> bool:
+    return event in events if events else event in JOB_ENDS
+
+
+def enqueue(tx: WriteTx, job: Job, event: str, now: datetime) -> int:
+    """The deliveries of `event` about `job` to each of its org's endpoints that wants it,
+    in the transaction that changes the job (how many)."""
+    endpoints = prepared(
+        tx,
+        ("webhook endpoints of org",),
+        lambda: select(ENDPOINTS.c.endpoint_id, ENDPOINTS.c.events).where(
+            ENDPOINTS.c.org == bindparam("org"), ENDPOINTS.c.disabled_at.is_(None)
+        ),
+    )
+    found = [row for row in endpoints.rows(tx, {"org": job.org}) if wants(row["events"], event)]
+    if not found:
+        return 0
+    data = {"id": job.job_id, **job_row(job)}
+    for row in found:
+        delivery_id = new_delivery_id()
+        body = {
+            "id": delivery_id,
+            "object": "event",
+            "type": event,
+            "created_at": int(now.timestamp()),
+            "data": data,
+        }
+        tx.execute(
+            insert(DELIVERIES),
+            {
+                "delivery_id": delivery_id,
+                "endpoint_id": row["endpoint_id"],
+                "org": job.org,
+                "event_type": event,
+                "job_id": job.job_id,
+                "payload": json.dumps(body, separators=(",", ":"), default=str),
+                "state": PENDING,
+                "attempts": 0,
+                "created_at": now,
+            },
+        )
+    OUTBOX.written()
+    return len(found)
+
+
+@dataclass(frozen=True)
+class ToSend:
+    """One delivery as its next try sends it: its body, its endpoint's URL and secrets."""
+
+    delivery: WebhookDelivery
+    endpoint: WebhookEndpoint | None  # None: deleted meanwhile
+
+    def secrets(self, now: datetime) -> list[str]:
+        """The secrets that sign it now: the endpoint's, and its previous one while a
+        rotation overlaps."""
+        assert self.endpoint is not None
+        found = [self.endpoint.secret]
+        previous, until = self.endpoint.previous_secret, self.endpoint.previous_until
+        if previous is not None and until is not None and until > now:
+            found.append(previous)
+        return found
+
+
+class Webhooks:
+    """The webhook endpoints and deliveries as stored (`JobStore.webhooks`)."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], writes: GroupCommit) -> None:
+        self.sessions = sessions
+        self.writes = writes
+
+    # -- endpoints ----------------------------------------------------------------------
+
+    async def create(
+        self, org: str, url: str, events: list[str], description: str | None
+    ) -> WebhookEndpoint:
+        now = utcnow()
+        row = {
+            "endpoint_id": f"we_{uuid.uuid4().hex[:24]}",
+            "org": org,
+            "url": url,
+            "events": events,
+            "description": description,
+            "secret": new_secret(),
+            "created_at": now,
+            "updated_at": now,
+        }
+
+        def write(tx: WriteTx) -> None:
+            count = select(func.count()).where(ENDPOINTS.c.org == org)
+            if tx.execute(count).scalar_one() >= MAX_ENDPOINTS:
+                raise TooManyEndpoints()
+            tx.execute(insert(ENDPOINTS), row)
+
+        await self.writes.run(write)
+        return WebhookEndpoint(
+            **row, previous_secret=None, previous_until=None, disabled_at=None, disabled_reason=None
+        )
+
+    async def listed(self, org: str) -> list[WebhookEndpoint]:
+        async with self.sessions() as session:
+            stmt = (
+                select(WebhookEndpoint)
+                .where(WebhookEndpoint.org == org)
+                .order_by(WebhookEndpoint.created_at, WebhookEndpoint.endpoint_id)
+            )
+            return list((await session.execute(stmt)).scalars())
+
+    async def get(self, org: str, endpoint_id: str) -> WebhookEndpoint:
+        async with self.sessions() as session:
+            found = await session.get(WebhookEndpoint, endpoint_id)
+        if found is None or found.org != org:
+            raise NotFound("webhook endpoint", endpoint_id)
+        return found
+
+    async def update(self, org: str, endpoint_id: str, **changes: Any) -> WebhookEndpoint:
+        """Change its url, events, description, or enable it again (`enabled=True`)."""
+        values = {k: v for k, v in changes.items() if k in ("url", "events", "description")}
+        if changes.get("enabled") is True:
+            values.update(disabled_at=None, disabled_reason=None)
+        elif changes.get("enabled") is False:
+            values.update(disabled_at=utcnow(), disabled_reason="disabled by the org")
+        await self._change(org, endpoint_id, values)
+        return await self.get(org, endpoint_id)
+
+    async def rotate(
+        self, org: str, endpoint_id: str, overlap: timedelta = ROTATION_OVERLAP
+    ) -> WebhookEndpoint:
+        """A new secret; the old one keeps signing too for `overlap`."""
+        now = utcnow()
+        current = await self.get(org, endpoint_id)
+        values = {
+            "secret": new_secret(),
+            "previous_secret": current.secret,
+            "previous_until": now + overlap,
+        }
+        await self._change(org, endpoint_id, values)
+        return await self.get(org, endpoint_id)
+
+    async def delete(self, org: str, endpoint_id: str) -> None:
+        """Remove it; its pending deliveries end `failed` (their workflows find it gone)."""
+        await self.get(org, endpoint_id)
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(delete(ENDPOINTS).where(ENDPOINTS.c.endpoint_id == endpoint_id))
+            tx.execute(
+                update(DELIVERIES)
+                .where(DELIVERIES.c.endpoint_id == endpoint_id, DELIVERIES.c.state == PENDING)
+                .values(state=FAILED, last_error="its endpoint was deleted")
+            )
+
+        await self.writes.run(write)
+
+    async def disable(self, endpoint_id: str, reason: str) -> None:
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(ENDPOINTS)
+                .where(ENDPOINTS.c.endpoint_id == endpoint_id, ENDPOINTS.c.disabled_at.is_(None))
+                .values(disabled_at=utcnow(), disabled_reason=reason[:1000], updated_at=utcnow())
+            )
+
+        await self.writes.run(write)
+
+    async def _change(self, org: str, endpoint_id: str, values: dict[str, Any]) -> None:
+        def write(tx: WriteTx) -> int:
+            done = tx.execute(
+                update(ENDPOINTS)
+                .where(ENDPOINTS.c.endpoint_id == endpoint_id, ENDPOINTS.c.org == org)
+                .values(**values, updated_at=utcnow())
+            )
+            return int(done.rowcount)
+
+        if not await self.writes.run(write):
+            raise NotFound("webhook endpoint", endpoint_id)
+
+    # -- deliveries ---------------------------------------------------------------------
+
+    async def deliveries(
+        self, org: str, endpoint_id: str, limit: int = 100, state: str | None = None
+    ) -> list[WebhookDelivery]:
+        """The endpoint's deliveries, newest first."""
+        await self.get(org, endpoint_id)
+        stmt = (
+            select(WebhookDelivery)
+            .where(WebhookDelivery.endpoint_id == endpoint_id)
+            .order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.delivery_id.desc())
+            .limit(limit)
+        )
+        if state is not None:
+            stmt = stmt.where(WebhookDelivery.state == state)
+        async with self.sessions() as session:
+            return list((await session.execute(stmt)).scalars())
+
+    async def redeliver(
+        self, org: str, endpoint_id: str, *, since: datetime | None, delivery_id: str | None
+    ) -> list[str]:
+        """Send again one delivery, or every failed one since `since`: pending again, each
+        started anew by the dispatcher (same id, same body)."""
+        await self.get(org, endpoint_id)
+
+        def write(tx: WriteTx) -> list[str]:
+            which = select(DELIVERIES.c.delivery_id).where(DELIVERIES.c.endpoint_id == endpoint_id)
+            if delivery_id is not None:
+                which = which.where(DELIVERIES.c.delivery_id == delivery_id)
+            else:
+                which = which.where(DELIVERIES.c.state == FAILED)
+                if since is not None:
+                    which = which.where(DELIVERIES.c.created_at >= since)
+            ids = list(tx.execute(which).scalars())
+            if ids:
+                tx.execute(
+                    update(DELIVERIES)
+                    .where(DELIVERIES.c.delivery_id.in_(ids))
+                    .values(state=PENDING, dispatched_at=None, last_error=None)
+                )
+                OUTBOX.written()
+            return ids
+
+        found = await self.writes.run(write)
+        if delivery_id is not None and not found:
+            raise NotFound("webhook delivery", delivery_id)
+        return found
+
+    async def undispatched(self, limit: int) -> list[str]:
+        """Deliveries whose workflow was not started yet, oldest first."""
+        async with self.sessions() as session:
+            stmt = (
+                select(DELIVERIES.c.delivery_id)
+                .where(DELIVERIES.c.dispatched_at.is_(None), DELIVERIES.c.state == PENDING)
+                .order_by(DELIVERIES.c.created_at)
+                .limit(limit)
+            )
+            return list((await session.execute(stmt)).scalars())
+
+    async def dispatched(self, delivery_ids: list[str]) -> None:
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(DELIVERIES)
+                .where(DELIVERIES.c.delivery_id.in_(delivery_ids))
+                .values(dispatched_at=utcnow())
+            )
+
+        await self.writes.run(write)
+
+    async def to_send(self, delivery_id: str) -> ToSend | None:
+        async with self.sessions() as session:
+            delivery = await session.get(WebhookDelivery, delivery_id)
+            if delivery is None:
+                return None
+            endpoint = await session.get(WebhookEndpoint, delivery.endpoint_id)
+            return ToSend(delivery, endpoint)
+
+    async def tried(
+        self,
+        delivery_id: str,
+        *,
+        status: int | None,
+        error: str | None,
+        state: str = PENDING,
+    ) -> None:
+        """One try's outcome: its status code or error, and the delivery's state after."""
+        now = utcnow()
+        values: dict[str, Any] = {
+            "attempts": DELIVERIES.c.attempts + 1,
+            "last_status": status,
+            "last_error": None if error is None else error[:1000],
+            "last_attempt_at": now,
+            "state": state,
+        }
+        if state == DELIVERED:
+            values["delivered_at"] = now
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(DELIVERIES).where(DELIVERIES.c.delivery_id == delivery_id).values(values)
+            )
+
+        await self.writes.run(write)
+
+    async def gave_up(self, delivery_id: str, why: str) -> None:
+        def write(tx: WriteTx) -> None:
+            tx.execute(
+                update(DELIVERIES)
+                .where(DELIVERIES.c.delivery_id == delivery_id, DELIVERIES.c.state == PENDING)
+                .values(state=FAILED, last_error=why[:1000])
+            )
+
+        await self.writes.run(write)

@@ -1,0 +1,217 @@
+"""Webhooks (issue 49) on real processes: an admin registers an endpoint and gets its secret
+once; each job's end reaches a receiver on loopback, signed so that the unmodified `openai`
+SDK's `webhooks.unwrap` and the `standardwebhooks` package verify it; a receiver's failures
+are tried again with the same `webhook-id`; 410 disables the endpoint; a URL that resolves
+inside the network is refused at registration and at delivery; tenants see only theirs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import standardwebhooks
+from aiohttp import web
+from temporalio.testing import WorkflowEnvironment
+
+from activities.webhooks import AddressRefused, Allowed, resolve
+from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver on loopback: it keeps what it gets, and answers as told."""
+
+    port: int = field(default_factory=free_port)
+    got: list[dict[str, Any]] = field(default_factory=list)
+    # Per event id: the statuses of its first tries (then 200).
+    fail_first: dict[str, list[int]] = field(default_factory=dict)
+    answer: int = 200
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hooks", self._take)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def _take(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.got.append({"headers": headers, "body": body, "at": time.time()})
+        planned = self.fail_first.get(headers["webhook-id"], [])
+        tried = sum(1 for g in self.got if g["headers"]["webhook-id"] == headers["webhook-id"])
+        if tried <= len(planned):
+            return web.Response(status=planned[tried - 1], text="not now")
+        return web.Response(status=self.answer)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    made = Receiver()
+    await made.start()
+    yield made
+    await made.stop()
+
+
+@pytest.fixture
+async def hooked(dev_server: WorkflowEnvironment, tmp_path: Path) -> AsyncIterator[Stack]:
+    settings = make_settings(
+        tmp_path, webhook_allow_ranges=["127.0.0.0/8"], webhook_first_retry_s=0.5
+    )
+    async with running_stack(settings, dev_server.client) as stack:
+        yield stack
+
+
+async def register(stack: Stack, admin: str, url: str, **body: Any) -> dict[str, Any]:
+    async with stack.as_user(admin) as http:
+        made = await http.post("/v1/webhooks", json={"url": url, **body})
+    assert made.status_code == 201, made.text
+    endpoint: dict[str, Any] = made.json()
+    return endpoint
+
+
+async def test_a_jobs_end_reaches_the_receiver_signed_for_the_openai_sdk_and_standardwebhooks(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    endpoint = await register(hooked, admin, receiver.url, description="our backend")
+    secret = endpoint["secret"]
+    assert secret.startswith("whsec_") and endpoint["events"] == []
+    ok = await hooked.submit("hello")
+    bad = await hooked.submit("boom", options={"fake": {"fail": ["auth"]}})
+
+    await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) >= 2)
+    sdk = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    verifier = standardwebhooks.Webhook(secret)
+    seen = {}
+    for got in receiver.got:
+        event = sdk.webhooks.unwrap(got["body"], got["headers"])
+        verified = verifier.verify(got["body"], got["headers"])
+        assert verified["id"] == event.id == got["headers"]["webhook-id"]
+        seen[verified["data"]["job_id"]] = verified
+    assert seen[ok["job_id"]]["type"] == "job.succeeded"
+    assert seen[bad["job_id"]]["type"] == "job.failed"
+    assert seen[bad["job_id"]]["data"]["error_kind"] == "auth"
+    assert seen[ok["job_id"]]["object"] == "event"
+
+    # A forged body fails both.
+    forged = receiver.got[0]["body"].replace(b"succeeded", b"cancelled")
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        sdk.webhooks.unwrap(forged, receiver.got[0]["headers"])
+    with pytest.raises(standardwebhooks.WebhookVerificationError):
+        verifier.verify(forged, receiver.got[0]["headers"])
+
+    async with hooked.as_user(admin) as http:
+        listed = (await http.get(f"/v1/webhooks/{endpoint['endpoint_id']}/deliveries")).json()
+        assert {d["state"] for d in listed["data"]} == {"delivered"}
+        assert {d["last_status"] for d in listed["data"]} == {200}
+        shown = (await http.get("/v1/webhooks")).json()["data"]
+        assert "secret" not in shown[0] and shown[0]["enabled"] is True
+
+
+async def test_a_failing_receiver_gets_each_event_again_with_the_same_webhook_id(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    endpoint = await register(hooked, admin, receiver.url, events=["job.succeeded"])
+    receiver.answer = 500
+    job = await hooked.submit("retry me")
+    first = await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) >= 2)
+    receiver.answer = 200
+    await eventually(
+        lambda: asyncio.sleep(0, receiver.got),
+        lambda got: any(
+            g["headers"]["webhook-id"] == first[0]["headers"]["webhook-id"] for g in got[2:]
+        ),
+        timeout=20,
+    )
+    ids = {g["headers"]["webhook-id"] for g in receiver.got}
+    bodies = {g["body"] for g in receiver.got}
+    assert len(ids) == 1 and len(bodies) == 1  # every try: the same id and the same body
+    assert json.loads(receiver.got[0]["body"])["data"]["job_id"] == job["job_id"]
+    async with hooked.as_user(admin) as http:
+
+        async def delivered() -> list[dict[str, Any]]:
+            url = f"/v1/webhooks/{endpoint['endpoint_id']}/deliveries"
+            return list((await http.get(url)).json()["data"])
+
+        [delivery] = await eventually(delivered, lambda d: d and d[0]["state"] == "delivered")
+        assert delivery["attempts"] >= 3 and delivery["last_status"] == 200
+
+
+async def test_410_gone_disables_the_endpoint_and_it_can_be_enabled_again(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    endpoint = await register(hooked, admin, receiver.url)
+    receiver.answer = 410
+    await hooked.submit("gone")
+    async with hooked.as_user(admin) as http:
+        url = f"/v1/webhooks/{endpoint['endpoint_id']}"
+        shown = await eventually(lambda: http.get(url), lambda r: not r.json()["enabled"])
+        assert "410" in shown.json()["disabled_reason"]
+        again = await http.patch(url, json={"enabled": True})
+        assert again.json()["enabled"] is True and again.json()["disabled_reason"] is None
+
+
+async def test_urls_inside_the_network_are_refused_at_registration_and_at_delivery(
+    stack: Stack,
+) -> None:
+    """No operator allowance here: loopback, private and metadata addresses are refused,
+    and nothing is sent to them."""
+    admin = await stack.key("acme", "root", "admin")
+    async with stack.as_user(admin) as http:
+        for url in (
+            "http://169.254.169.254/latest/meta-data",
+            "http://10.0.0.1/hook",
+            "http://localhost:8080/hook",  # a name that resolves to 127.0.0.1
+            "https://[::1]/hook",
+            "ftp://example.com/hook",
+        ):
+            refused = await http.post("/v1/webhooks", json={"url": url})
+            assert refused.status_code == 422, (url, refused.text)
+            assert refused.json()["code"] == "invalid_webhook_url", url
+    # At delivery the address is checked again, and pinned: allowed hosts aside, a name
+    # whose answer now points inside is refused before any connection.
+    for url in ("http://localhost/x", "http://169.254.169.254/x", "http://[::ffff:127.0.0.1]/x"):
+        with pytest.raises(AddressRefused):
+            await resolve(url, Allowed())
+    target = await resolve("http://localhost:9/x", Allowed.of(["localhost"], []))
+    assert target.address == "localhost"
+
+
+async def test_only_an_orgs_admins_see_and_change_its_endpoints(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    member = await hooked.key("acme", "ann")
+    stranger = await hooked.key("initech", "milton", "admin")
+    endpoint = await register(hooked, admin, receiver.url)
+    url = f"/v1/webhooks/{endpoint['endpoint_id']}"
+    async with hooked.as_user(member) as http:
+        assert (await http.get("/v1/webhooks")).status_code == 403
+    async with hooked.as_user(stranger) as http:
+        assert (await http.get(url)).status_code == 404
+        assert (await http.delete(url)).status_code == 404
+        assert (await http.get("/v1/webhooks")).json()["data"] == []
+    async with hooked.as_user(admin) as http:
+        rotated = (await http.post(f"{url}/rotate", json={"overlap_s": 60})).json()
+        assert rotated["secret"] != endpoint["secret"]
+        assert (await http.delete(url)).status_code == 204
+        assert (await http.get(url)).status_code == 404
