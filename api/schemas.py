@@ -492,7 +492,19 @@ class UsageOut(BaseModel):
 # -- webhooks ------------------------------------------------------------------------------
 
 WebhookEvent = Literal[
-    "job.succeeded", "job.failed", "job.cancelled", "job.superseded", "job.running"
+    "job.succeeded",
+    "job.failed",
+    "job.cancelled",
+    "job.superseded",
+    "job.running",
+    "response.completed",
+    "response.failed",
+    "response.cancelled",
+    "response.incomplete",
+    "batch.completed",
+    "batch.failed",
+    "batch.cancelled",
+    "batch.expired",
 ]
 
 
@@ -507,8 +519,9 @@ class WebhookIn(BaseModel):
     events: list[WebhookEvent] = Field(
         default_factory=list,
         max_length=10,
-        description="The event types it wants; empty: every job end (succeeded, failed, "
-        "cancelled, superseded). `job.running` (a job's first attempt began) only if named",
+        description="The event types it wants; empty: every end (a job's `job.…`, a "
+        "background response's `response.…`, a batch's `batch.…`). `job.running` (a job's "
+        "first attempt began) only if named",
     )
     description: Annotated[str, StringConstraints(max_length=255)] | None = None
 

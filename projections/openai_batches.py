@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from projections import webhooks
 from projections.domain.lifecycle import JobState
 from projections.errors import NotFound
 from projections.event_log import utcnow
@@ -112,6 +113,9 @@ class BatchStore:
                 .where(BATCHES.c.batch_id == batch_id, BATCHES.c.status.in_(came_from))
                 .values(status=to, **values)
             )
+            if moved.rowcount and f"batch.{to}" in webhooks.BATCH_ENDS:
+                org = tx.execute(select(BATCHES.c.org).where(BATCHES.c.batch_id == batch_id))
+                webhooks.tell_batch(tx, org.scalar_one(), batch_id, to, utcnow())
             return bool(moved.rowcount)
 
         return await self.writes.run(write)

@@ -215,8 +215,10 @@ def _shape(t: Transition) -> tuple[Any, ...]:
     )
 
 
-def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
-    """Apply `t` if the row allows it: the row as it now stands, or None if refused."""
+def transition(tx: WriteTx, t: Transition, now: datetime, *, tell: bool = True) -> Job | None:
+    """Apply `t` if the row allows it: the row as it now stands, or None if refused. `tell`
+    False: the caller writes its webhook deliveries itself (a success, once its response
+    says how it finished)."""
     event_id = tx.next_event_id()
     statement = prepared(tx, ("transition", *_shape(t)), lambda: _transition_statement(t))
     params = {f"v_{column}": value for column, value in _changes(t, event_id, now).items()}
@@ -239,9 +241,9 @@ def transition(tx: WriteTx, t: Transition, now: datetime) -> Job | None:
     append_event(tx, job, event_id, now)
     if t.target.is_terminal and t.target is not JobState.SUPERSEDED and run_is_over(tx, job):
         log_done(tx, job, now)
-    if (event := webhooks.event_of(job, t.target)) is not None:
+    if tell:
         # The outbox: each endpoint's delivery commits with the change it tells of.
-        webhooks.enqueue(tx, job, event, now)
+        webhooks.tell_job(tx, job, t.target, now)
     return job
 
 
@@ -507,9 +509,12 @@ class Projector:
         def write(tx: WriteTx) -> Applied:
             now = utcnow()
             _end_attempt(tx, tail, usage, now)
-            job = transition(tx, settled, now)
+            job = transition(tx, settled, now, tell=False)
             if job is None:
                 return _refused(tx, job_id)
+            webhooks.tell_job(
+                tx, job, JobState.SUCCEEDED, now, finish_reason=response.finish_reason
+            )
             values = {
                 "response_id": response_id,
                 "job_id": job.job_id,

@@ -28,17 +28,45 @@ from projections.domain.lifecycle import JobState
 from projections.errors import NotFound
 from projections.event_log import prepared, utcnow
 from projections.group_commit import GroupCommit, WriteTx
-from projections.models import Base, Job, WebhookDelivery, WebhookEndpoint
+from projections.models import (
+    Base,
+    BatchLine,
+    Job,
+    Prompt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from projections.rows import job_row
 
 ENDPOINTS = Base.metadata.tables[WebhookEndpoint.__tablename__]
 DELIVERIES = Base.metadata.tables[WebhookDelivery.__tablename__]
+PROMPTS = Base.metadata.tables[Prompt.__tablename__]
+BATCH_LINES = Base.metadata.tables[BatchLine.__tablename__]
 
 # A job's end, as each endpoint may ask for it; `job.running` (its first attempt began) only
 # where an endpoint names it.
 JOB_ENDS = ("job.succeeded", "job.failed", "job.cancelled", "job.superseded")
 JOB_RUNNING = "job.running"
-EVENT_TYPES = (*JOB_ENDS, JOB_RUNNING)
+# The objects of the OpenAI routes, by OpenAI's own names and payloads: a background
+# response's end (POST /v1/responses with background) and a batch's (/v1/batches).
+RESPONSE_ENDS = (
+    "response.completed",
+    "response.failed",
+    "response.cancelled",
+    "response.incomplete",
+)
+BATCH_ENDS = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
+ENDS = (*JOB_ENDS, *RESPONSE_ENDS, *BATCH_ENDS)
+EVENT_TYPES = (*ENDS, JOB_RUNNING)
+# A response cut at its token limit is `incomplete` to OpenAI (api/openai/responses.py).
+CUT_SHORT = frozenset({"length", "max_tokens"})
+RESPONSE_OUTCOMES = {
+    JobState.SUCCEEDED: "completed",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+}
+# A response's id is its prompt's (`pmt_…`) under OpenAI's prefix (api/openai/responses.py).
+RESPONSE_PREFIX = "resp_"
 # How long the previous secret signs too after a rotation, unless said otherwise.
 ROTATION_OVERLAP = timedelta(hours=24)
 # How many endpoints an org may have.
@@ -87,8 +115,8 @@ class Outbox:
 OUTBOX = Outbox()
 
 
-def event_of(job: Job, target: JobState) -> str | None:
-    """The webhook event a transition to `target` is, if any."""
+def job_event(job: Job, target: JobState) -> str | None:
+    """The webhook event a job's transition to `target` is, if any."""
     if target.is_terminal:
         return f"job.{target.value}"
     if target is JobState.RUNNING and job.attempt == 1:
@@ -97,12 +125,11 @@ def event_of(job: Job, target: JobState) -> str | None:
 
 
 def wants(events: list[str], event: str) -> bool:
-    return event in events if events else event in JOB_ENDS
+    return event in events if events else event in ENDS
 
 
-def enqueue(tx: WriteTx, job: Job, event: str, now: datetime) -> int:
-    """The deliveries of `event` about `job` to each of its org's endpoints that wants it,
-    in the transaction that changes the job (how many)."""
+def _endpoints(tx: WriteTx, org: str) -> list[tuple[str, list[str]]]:
+    """The org's enabled endpoints, and the events each wants."""
     endpoints = prepared(
         tx,
         ("webhook endpoints of org",),
@@ -110,11 +137,65 @@ def enqueue(tx: WriteTx, job: Job, event: str, now: datetime) -> int:
             ENDPOINTS.c.org == bindparam("org"), ENDPOINTS.c.disabled_at.is_(None)
         ),
     )
-    found = [row for row in endpoints.rows(tx, {"org": job.org}) if wants(row["events"], event)]
-    if not found:
+    return [(row["endpoint_id"], row["events"]) for row in endpoints.rows(tx, {"org": org})]
+
+
+def tell_job(
+    tx: WriteTx, job: Job, target: JobState, now: datetime, *, finish_reason: str | None = None
+) -> int:
+    """The deliveries a job's transition to `target` makes, in its transaction (how many).
+    A background response of the OpenAI routes ends as OpenAI names it (`response.…`, its
+    payload's `data` the response's id); any other job as `job.…`, with the job's row."""
+    event = job_event(job, target)
+    if event is None:
         return 0
-    data = {"id": job.job_id, **job_row(job)}
-    for row in found:
+    endpoints = _endpoints(tx, job.org)
+    if not endpoints:
+        return 0  # the usual case: one indexed read, nothing more
+    data: dict[str, Any] = {"id": job.job_id, **job_row(job)}
+    if target in RESPONSE_OUTCOMES and _background_response(tx, job.prompt_id):
+        outcome = RESPONSE_OUTCOMES[target]
+        if target is JobState.SUCCEEDED and finish_reason in CUT_SHORT:
+            outcome = "incomplete"
+        event, data = f"response.{outcome}", {"id": RESPONSE_PREFIX + job.prompt_id[4:]}
+    wanting = [endpoint_id for endpoint_id, events in endpoints if wants(events, event)]
+    if event.startswith("job.") and _batch_line(tx, job.prompt_id):
+        # A /v1/batches line is told by its batch's end, as OpenAI does; an endpoint that
+        # names job events gets its jobs' too.
+        wanting = [endpoint_id for endpoint_id, events in endpoints if event in events]
+    return enqueue(tx, job.org, event, data, now, job.job_id, wanting)
+
+
+def _batch_line(tx: WriteTx, prompt_id: str) -> bool:
+    found = select(BATCH_LINES.c.line).where(BATCH_LINES.c.prompt_id == prompt_id).limit(1)
+    return tx.execute(found).first() is not None
+
+
+def _background_response(tx: WriteTx, prompt_id: str) -> bool:
+    """Whether the prompt is a background response of the OpenAI routes."""
+    kept = tx.execute(select(PROMPTS.c.openai).where(PROMPTS.c.prompt_id == prompt_id)).scalar()
+    return isinstance(kept, dict) and bool(kept.get("background"))
+
+
+def tell_batch(tx: WriteTx, org: str, batch_id: str, status: str, now: datetime) -> int:
+    """A `/v1/batches` batch's end (`batch.completed`, …), as OpenAI sends it."""
+    return enqueue(tx, org, f"batch.{status}", {"id": batch_id}, now)
+
+
+def enqueue(
+    tx: WriteTx,
+    org: str,
+    event: str,
+    data: dict[str, Any],
+    now: datetime,
+    job_id: str | None = None,
+    endpoints: list[str] | None = None,
+) -> int:
+    """A delivery of `event` to each of the org's endpoints that wants it (`endpoints`, if
+    read already), in the transaction of the change it tells of (how many)."""
+    if endpoints is None:
+        endpoints = [e for e, events in _endpoints(tx, org) if wants(events, event)]
+    for endpoint_id in endpoints:
         delivery_id = new_delivery_id()
         body = {
             "id": delivery_id,
@@ -127,18 +208,19 @@ def enqueue(tx: WriteTx, job: Job, event: str, now: datetime) -> int:
             insert(DELIVERIES),
             {
                 "delivery_id": delivery_id,
-                "endpoint_id": row["endpoint_id"],
-                "org": job.org,
+                "endpoint_id": endpoint_id,
+                "org": org,
                 "event_type": event,
-                "job_id": job.job_id,
+                "job_id": job_id,
                 "payload": json.dumps(body, separators=(",", ":"), default=str),
                 "state": PENDING,
                 "attempts": 0,
                 "created_at": now,
             },
         )
-    OUTBOX.written()
-    return len(found)
+    if endpoints:
+        OUTBOX.written()
+    return len(endpoints)
 
 
 @dataclass(frozen=True)

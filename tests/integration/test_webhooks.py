@@ -18,6 +18,7 @@ import openai
 import pytest
 import standardwebhooks
 from aiohttp import web
+from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedWebhookEvent
 from temporalio.testing import WorkflowEnvironment
 
 from activities.webhooks import AddressRefused, Allowed, resolve
@@ -123,6 +124,50 @@ async def test_a_jobs_end_reaches_the_receiver_signed_for_the_openai_sdk_and_sta
         assert {d["last_status"] for d in listed["data"]} == {200}
         shown = (await http.get("/v1/webhooks")).json()["data"]
         assert "secret" not in shown[0] and shown[0]["enabled"] is True
+
+
+async def test_the_openai_routes_objects_end_as_openai_names_them(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    """A background response and a /v1/batches batch: `response.completed` and
+    `batch.completed`, OpenAI's payloads, which its SDK unwraps into its own event types."""
+    admin = await hooked.key("acme", "root", "admin")
+    endpoint = await register(hooked, admin, receiver.url)
+    sdk = openai.AsyncOpenAI(base_url=f"{hooked.base_url}/v1", api_key=hooked.api_key)
+    response = await sdk.responses.create(model="fake/fake-1", input="hello", background=True)
+    batch_input = json.dumps(
+        {
+            "custom_id": "one",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "fake/fake-1", "messages": [{"role": "user", "content": "hi"}]},
+        }
+    )
+    uploaded = await sdk.files.create(file=("in.jsonl", batch_input.encode()), purpose="batch")
+    batch = await sdk.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    def both(got: list[dict[str, Any]]) -> bool:
+        types = {json.loads(g["body"])["type"] for g in got}
+        return {"response.completed", "batch.completed"} <= types
+
+    await eventually(lambda: asyncio.sleep(0, receiver.got), both, timeout=30)
+    unwrapper = openai.OpenAI(api_key="unused", webhook_secret=endpoint["secret"])
+    events = {}
+    for got in receiver.got:
+        event = unwrapper.webhooks.unwrap(got["body"], got["headers"])
+        events[event.type] = event
+    assert isinstance(events["response.completed"], ResponseCompletedWebhookEvent)
+    assert events["response.completed"].data.id == response.id
+    assert isinstance(events["batch.completed"], BatchCompletedWebhookEvent)
+    assert events["batch.completed"].data.id == batch.id
+    # The response's job and the batch's line are told as their response and batch, not a
+    # second time as jobs.
+    assert {json.loads(g["body"])["type"] for g in receiver.got} == {
+        "response.completed",
+        "batch.completed",
+    }
 
 
 async def test_a_failing_receiver_gets_each_event_again_with_the_same_webhook_id(
