@@ -267,9 +267,28 @@ class WebhookActivities:
 
     @activity.defn(name="webhook_gave_up")
     async def webhook_gave_up(self, delivery_id: str) -> None:
-        """The delivery's tries are over: it ends `failed`."""
-        await self.store.webhooks.gave_up(delivery_id, "its tries are over (about three days)")
+        """The delivery's tries are over: it ends `failed`; and its endpoint, if nothing
+        reached it over those days, is disabled (its org sees why in GET /v1/webhooks)."""
+        webhooks = self.store.webhooks
+        await webhooks.gave_up(delivery_id, "its tries are over (about three days)")
         metrics.WEBHOOKS.labels(outcome="failed").inc()
+        to_send = await webhooks.to_send(delivery_id)
+        if to_send is None or to_send.endpoint is None:
+            return
+        since = to_send.delivery.created_at
+        if not await webhooks.delivered_since(to_send.endpoint.endpoint_id, since):
+            reason = (
+                f"nothing delivered since {since:%Y-%m-%d %H:%M} UTC: every try failed for "
+                "days; fix the receiver, then enable it again (PATCH with enabled: true) and "
+                "redeliver what failed"
+            )
+            await webhooks.disable(to_send.endpoint.endpoint_id, reason)
+            activity.logger.warning(
+                "webhook endpoint %s of org %s disabled: %s",
+                to_send.endpoint.endpoint_id,
+                to_send.endpoint.org,
+                reason,
+            )
 
 
 async def _head_of(answer: httpx.Response) -> str:

@@ -456,6 +456,19 @@ class Webhooks:
 
         await self.writes.run(write)
 
+    async def delivered_since(self, endpoint_id: str, since: datetime) -> bool:
+        """Whether any delivery reached the endpoint since `since`."""
+        stmt = (
+            select(DELIVERIES.c.delivery_id)
+            .where(
+                DELIVERIES.c.endpoint_id == endpoint_id,
+                DELIVERIES.c.delivered_at >= since,
+            )
+            .limit(1)
+        )
+        async with self.sessions() as session:
+            return (await session.execute(stmt)).first() is not None
+
     async def gave_up(self, delivery_id: str, why: str) -> None:
         def write(tx: WriteTx) -> None:
             tx.execute(
