@@ -20,7 +20,7 @@ from activities.adapters.routes import InvalidRoutes
 from activities.prices import InvalidPrices
 from projections.domain.errors import Refused
 from projections.migrate import StoreUnavailable, database_error
-from promptjobs import cli_batches, cli_budgets, cli_jobs, cli_orgs
+from promptjobs import cli_batches, cli_budgets, cli_jobs, cli_orgs, cli_webhooks
 from promptjobs.console import CliError, iso, run
 from promptjobs.launch import (
     DevStack,
@@ -359,6 +359,7 @@ cli_jobs.register(app)
 cli_orgs.register(app)
 cli_budgets.register(app)
 cli_batches.register(app)
+cli_webhooks.register(app)
 
 
 def main() -> None:

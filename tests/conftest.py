@@ -468,5 +468,5 @@ async def cli(stack: Stack, *args: str, **env: str) -> Any:
     return result
 
 
-async def cli_json(stack: Stack, *args: str) -> Any:
-    return json.loads((await cli(stack, *args, "--json")).output)
+async def cli_json(stack: Stack, *args: str, **env: str) -> Any:
+    return json.loads((await cli(stack, *args, "--json", **env)).output)

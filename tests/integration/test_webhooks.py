@@ -22,7 +22,16 @@ from openai.types.webhooks import BatchCompletedWebhookEvent, ResponseCompletedW
 from temporalio.testing import WorkflowEnvironment
 
 from activities.webhooks import AddressRefused, Allowed, resolve
-from tests.conftest import Stack, eventually, free_port, make_settings, running_stack
+from tests.conftest import (
+    Stack,
+    cli,
+    cli_env,
+    cli_json,
+    eventually,
+    free_port,
+    make_settings,
+    running_stack,
+)
 
 
 @dataclass
@@ -260,3 +269,52 @@ async def test_only_an_orgs_admins_see_and_change_its_endpoints(
         assert rotated["secret"] != endpoint["secret"]
         assert (await http.delete(url)).status_code == 204
         assert (await http.get(url)).status_code == 404
+
+
+async def cli_failing(stack: Stack, *args: str) -> str:
+    """`promptjobs <args>` that must fail: its one-line error."""
+    from typer.testing import CliRunner
+
+    from promptjobs.cli import app
+
+    result = await asyncio.to_thread(CliRunner().invoke, app, list(args), env=cli_env(stack))
+    assert result.exit_code != 0, result.output
+    return str(result.exception)
+
+
+async def test_an_operator_manages_an_orgs_endpoints_with_the_cli(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    allow = {"PROMPTJOBS_WEBHOOK_ALLOW_RANGES": '["127.0.0.0/8"]'}
+    made = await cli_json(hooked, "webhooks", "create", receiver.url, "--org", "acme", **allow)
+    assert made["secret"].startswith("whsec_") and made["enabled"] is True
+    refused = await cli_failing(hooked, "webhooks", "create", "http://10.0.0.1/x", "--org", "acme")
+    assert "inside a network" in refused
+    await hooked.submit("told")
+    endpoint = made["endpoint_id"]
+
+    async def delivered() -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = await cli_json(
+            hooked, "webhooks", "deliveries", endpoint, "--org", "acme"
+        )
+        return found
+
+    [delivery] = await eventually(delivered, lambda d: d and d[0]["state"] == "delivered")
+    assert delivery["event_type"] == "job.succeeded" and delivery["last_status"] == 200
+    await cli(
+        hooked,
+        "webhooks",
+        "redeliver",
+        endpoint,
+        "--org",
+        "acme",
+        "--delivery",
+        delivery["delivery_id"],
+    )
+    await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) >= 2)
+    assert len({g["headers"]["webhook-id"] for g in receiver.got}) == 1
+    await cli(hooked, "webhooks", "update", endpoint, "--org", "acme", "--disable")
+    [listed] = await cli_json(hooked, "webhooks", "list", "--org", "acme")
+    assert listed["enabled"] is False and "secret" not in listed
+    await cli(hooked, "webhooks", "delete", endpoint, "--org", "acme")
+    assert await cli_json(hooked, "webhooks", "list", "--org", "acme") == []
