@@ -180,8 +180,9 @@ class WebhookActivities:
     timeout_s: float = 10.0
     # Tries in flight at once per endpoint in this worker: one tenant's slow endpoint holds
     # at most this many slots; past it a try is put off (a retry a moment later).
-    per_endpoint: int = 4
-    _busy: dict[str, int] = field(default_factory=dict)
+    per_endpoint: int = 8
+    # Each endpoint's turns: at most `per_endpoint` tries in flight at once here.
+    _turns: dict[str, asyncio.Semaphore] = field(default_factory=dict)
     _client: httpx.AsyncClient | None = None
 
     def _http(self) -> httpx.AsyncClient:
@@ -196,7 +197,14 @@ class WebhookActivities:
     @activity.defn(name="deliver_webhook")
     async def deliver_webhook(self, delivery_id: str) -> str:
         """One try of the delivery: its state after (`delivered`, `failed`), or a retryable
-        failure that Temporal tries again by the workflow's schedule."""
+        failure that Temporal tries again by the workflow's schedule. With the endpoint's
+        tries in flight here at their most, it is put off at once (a retry a moment later),
+        holding no worker slot."""
+        return await self.deliver(delivery_id, wait_s=0.0)
+
+    async def deliver(self, delivery_id: str, *, wait_s: float) -> str:
+        """One try; with the endpoint's tries in flight at their most, wait up to `wait_s`
+        for a turn (a first try made outside any worker slot), else put it off."""
         to_send = await self.store.webhooks.to_send(delivery_id)
         if to_send is None or to_send.delivery.state != PENDING:
             return "gone" if to_send is None else to_send.delivery.state
@@ -208,20 +216,19 @@ class WebhookActivities:
             why = f"its endpoint is disabled: {endpoint.disabled_reason}"
             await self.store.webhooks.gave_up(delivery_id, why)
             return FAILED
-        busy = self._busy.get(endpoint.endpoint_id, 0)
-        if busy >= self.per_endpoint:
+        turns = self._turns.setdefault(endpoint.endpoint_id, asyncio.Semaphore(self.per_endpoint))
+        try:
+            if turns.locked() and wait_s <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(turns.acquire(), wait_s or None)
+        except TimeoutError:
             raise ApplicationError(
                 "this endpoint has its tries in flight already", type=UNDELIVERED
-            )
-        self._busy[endpoint.endpoint_id] = busy + 1
+            ) from None
         try:
             return await self._try(to_send)
         finally:
-            left = self._busy[endpoint.endpoint_id] - 1
-            if left:
-                self._busy[endpoint.endpoint_id] = left
-            else:
-                del self._busy[endpoint.endpoint_id]
+            turns.release()
 
     async def _try(self, to_send: ToSend) -> str:
         assert to_send.endpoint is not None

@@ -95,8 +95,8 @@ class TooManyEndpoints(Refused, ValueError):
 
 
 class Outbox:
-    """Tells this process's starter that a transaction wrote deliveries (it may have rolled
-    back: the starter then finds none). Set from the writer's thread, read from the loop."""
+    """Tells this process's starter that a transaction committed deliveries. Set from the
+    writer's thread once the commit is done, read from the loop."""
 
     def __init__(self) -> None:
         self._written = threading.Event()
@@ -219,7 +219,8 @@ def enqueue(
             },
         )
     if endpoints:
-        OUTBOX.written()
+        # Once committed (a starter that looked before the commit would find nothing).
+        tx.after_commit.append(OUTBOX.written)
     return len(endpoints)
 
 
@@ -392,7 +393,7 @@ class Webhooks:
                     .where(DELIVERIES.c.delivery_id.in_(ids))
                     .values(state=PENDING, dispatched_at=None, last_error=None)
                 )
-                OUTBOX.written()
+                tx.after_commit.append(OUTBOX.written)
             return ids
 
         found = await self.writes.run(write)
@@ -400,16 +401,16 @@ class Webhooks:
             raise NotFound("webhook delivery", delivery_id)
         return found
 
-    async def undispatched(self, limit: int) -> list[str]:
-        """Deliveries whose workflow was not started yet, oldest first."""
+    async def undispatched(self, limit: int) -> list[tuple[str, str]]:
+        """Deliveries whose workflow was not started yet, oldest first: id and org."""
         async with self.sessions() as session:
             stmt = (
-                select(DELIVERIES.c.delivery_id)
+                select(DELIVERIES.c.delivery_id, DELIVERIES.c.org)
                 .where(DELIVERIES.c.dispatched_at.is_(None), DELIVERIES.c.state == PENDING)
                 .order_by(DELIVERIES.c.created_at)
                 .limit(limit)
             )
-            return list((await session.execute(stmt)).scalars())
+            return [(delivery_id, org) for delivery_id, org in await session.execute(stmt)]
 
     async def dispatched(self, delivery_ids: list[str]) -> None:
         def write(tx: WriteTx) -> None:

@@ -35,6 +35,7 @@ from promptjobs.runtime import (
     connect_temporal,
     open_projection,
     temporal_cli,
+    webhook_sender,
 )
 from promptjobs.settings import Settings
 from promptjobs.tracing import Tracing, start_tracing
@@ -319,6 +320,9 @@ async def serve(
         client,
         settings.temporal_task_queue,
         first_retry_s=settings.webhook_first_retry_s,
+        longest_wait_s=settings.webhook_longest_wait_s,
+        timeout_s=settings.webhook_timeout_s,
+        sender=webhook_sender(settings, projection),
     )
     tasks.append(asyncio.create_task(starter.run(stop=stop), name="webhook starter"))
     if worker is not None:

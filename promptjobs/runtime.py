@@ -73,6 +73,16 @@ def allowed_webhooks(settings: Settings) -> Allowed:
     return Allowed.of(settings.webhook_allow_hosts, settings.webhook_allow_ranges)
 
 
+def webhook_sender(settings: Settings, projection: Projection) -> WebhookActivities:
+    """What tries webhook deliveries in this process (docs/webhooks.md)."""
+    return WebhookActivities(
+        projection.store,
+        allowed_webhooks(settings),
+        timeout_s=settings.webhook_timeout_s,
+        per_endpoint=settings.webhook_max_per_endpoint,
+    )
+
+
 def build_worker(
     settings: Settings, client: Client, projection: Projection, adapters: AdapterRegistry
 ) -> Worker:
@@ -109,12 +119,7 @@ def build_worker(
         activities.tools.prices,
         caps_allow_unpriced=settings.caps_allow_unpriced,
     )
-    webhooks = WebhookActivities(
-        projection.store,
-        allowed_webhooks(settings),
-        timeout_s=settings.webhook_timeout_s,
-        per_endpoint=settings.webhook_max_per_endpoint,
-    )
+    webhooks = webhook_sender(settings, projection)
     return Worker(
         client,
         task_queue=settings.temporal_task_queue,

@@ -261,7 +261,9 @@ class Settings(BaseSettings):
     webhook_first_retry_s: float = Field(default=5.0, gt=0, le=3600)
     """The wait before a webhook delivery's second try; each next waits three times longer,
     up to 6 h, for about three days in all (docs/webhooks.md)."""
-    webhook_max_per_endpoint: int = Field(default=4, ge=1)
+    webhook_longest_wait_s: float = Field(default=21_600.0, gt=0, le=86_400)
+    """The longest wait between two tries of a webhook delivery (6 h)."""
+    webhook_max_per_endpoint: int = Field(default=8, ge=1)
     """Tries in flight at once per endpoint in each worker: one tenant's slow endpoint holds
     at most this many of a worker's slots."""
     caps_allow_unpriced: bool = False

@@ -186,7 +186,11 @@ def build_dispatcher(settings: Settings, client: Client, projection: Projection)
         org_max_running=settings.org_max_running,
         worker_heartbeat_s=settings.worker_heartbeat_s,
         max_starts=settings.dispatcher_max_starts,
-        webhook_first_retry_s=settings.webhook_first_retry_s,
+        webhook_retries=(
+            settings.webhook_first_retry_s,
+            settings.webhook_longest_wait_s,
+            settings.webhook_timeout_s,
+        ),
     )
 
 

@@ -11,7 +11,6 @@ and skipped, never stops a pass.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import heapq
 import itertools
 import logging
@@ -19,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client
-from temporalio.common import Priority, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -35,6 +34,7 @@ from services.passes import (
     first_line,
     is_unreachable,
 )
+from services.priority import temporal_priority
 from services.reconcile import Reconciler
 from services.spend import SpendWatch
 from services.wake import Waker
@@ -53,27 +53,6 @@ PRIORITY_LEVELS = 101
 # How many starts made since the scan began the dispatcher remembers (`_started_lately`); in
 # a process whose scan does not run, past this a start may be made twice (harmless).
 STARTED_LATELY_MAX = 10_000
-
-
-# Temporal refuses a start whose fairness key is longer than this (in UTF-8 bytes).
-FAIRNESS_KEY_BYTES = 64
-
-
-def temporal_priority(priority: int, org: str) -> Priority:
-    """Our 0 (most urgent) … 100 onto Temporal's priority keys 1 … 101 (1 is first), one key
-    per priority; the org is the fairness key, so one org's burst cannot starve another's."""
-    return Priority(priority_key=1 + min(100, max(0, priority)), fairness_key=fairness_key(org))
-
-
-def fairness_key(org: str) -> str:
-    """The org itself while it fits Temporal's limit; else as much of it as fits beside a
-    digest of the whole (distinct orgs keep distinct keys, and the key stays readable)."""
-    whole = org.encode()
-    if len(whole) <= FAIRNESS_KEY_BYTES:
-        return org
-    digest = "~" + hashlib.sha256(whole).hexdigest()[:16]
-    head = whole[: FAIRNESS_KEY_BYTES - len(digest)].decode(errors="ignore")
-    return head + digest
 
 
 def deferrable(job: Job) -> bool:
@@ -99,7 +78,8 @@ class Dispatcher:
         org_max_running: int = 0,
         worker_heartbeat_s: float = 15.0,
         max_starts: int = 64,
-        webhook_first_retry_s: float = 5.0,
+        # A webhook's first retry, its longest wait between tries, and its read timeout.
+        webhook_retries: tuple[float, float, float] = (5.0, 6 * 3600.0, 10.0),
     ) -> None:
         self.store = store
         self.client = client
@@ -137,7 +117,12 @@ class Dispatcher:
         )
         self.spend_watch = SpendWatch(store.spend_caps)
         self.webhooks = WebhookStarter(
-            store, client, task_queue, first_retry_s=webhook_first_retry_s
+            store,
+            client,
+            task_queue,
+            first_retry_s=webhook_retries[0],
+            longest_wait_s=webhook_retries[1],
+            timeout_s=webhook_retries[2],
         )
         self.reconciler = Reconciler(
             store,

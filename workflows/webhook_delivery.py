@@ -23,15 +23,20 @@ with workflow.unsafe.imports_passed_through():
 BACKOFF = 3.0
 LONGEST_WAIT = timedelta(hours=6)
 FOR = timedelta(days=3)
-# One try: the receiver's connect and read timeouts, with room for the records around it.
-TRY_TIMEOUT = timedelta(seconds=60)
+# The records around a try, besides the receiver's own timeouts.
+RECORDS = timedelta(seconds=10)
 
 
 @dataclass(frozen=True)
 class WebhookDeliveryInput:
     delivery_id: str
-    # The wait before the second try (PROMPTJOBS_WEBHOOK_FIRST_RETRY_S); each next is longer.
+    # The wait before the second try (PROMPTJOBS_WEBHOOK_FIRST_RETRY_S); each next is three
+    # times longer, up to `longest_wait_s` (PROMPTJOBS_WEBHOOK_LONGEST_WAIT_S).
     first_retry_s: float = 5.0
+    longest_wait_s: float = LONGEST_WAIT.total_seconds()
+    # The receiver's read timeout (PROMPTJOBS_WEBHOOK_TIMEOUT_S): a try lost with its worker
+    # is made again once this and the records' time have passed.
+    timeout_s: float = 10.0
 
 
 @workflow.defn
@@ -41,13 +46,14 @@ class WebhookDeliveryWorkflow:
         tries = RetryPolicy(
             initial_interval=timedelta(seconds=delivery.first_retry_s),
             backoff_coefficient=BACKOFF,
-            maximum_interval=LONGEST_WAIT,
+            maximum_interval=timedelta(seconds=delivery.longest_wait_s),
         )
+        one_try = timedelta(seconds=delivery.timeout_s) + RECORDS
         try:
             outcome: str = await workflow.execute_activity_method(
                 WebhookActivities.deliver_webhook,
                 delivery.delivery_id,
-                start_to_close_timeout=TRY_TIMEOUT,
+                start_to_close_timeout=one_try,
                 schedule_to_close_timeout=FOR,
                 retry_policy=tries,
             )
@@ -56,6 +62,6 @@ class WebhookDeliveryWorkflow:
             await workflow.execute_activity_method(
                 WebhookActivities.webhook_gave_up,
                 delivery.delivery_id,
-                start_to_close_timeout=TRY_TIMEOUT,
+                start_to_close_timeout=one_try,
             )
             return "failed"

@@ -28,7 +28,8 @@ from projections.projector import Transition
 from projections.scope import Scope
 from projections.writes import Submission
 from promptjobs.runtime import build_dispatcher
-from services.dispatch import Dispatcher, fairness_key
+from services.dispatch import Dispatcher
+from services.priority import fairness_key
 from tests.conftest import Stack, eventually, free_port, make_settings, new_worker, running_stack
 from workflows.prompt_job import PromptJobWorkflow, initial_search_attributes
 
