@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -33,6 +35,32 @@ from projections.writes import RetryChanges
 # Shared by a submission and a retry's replacements, so both are validated alike.
 PriorityField = Annotated[int, Field(ge=0, le=100), *JSON_INTEGER]
 MaxAttemptsField = Annotated[int, Field(ge=1, le=10), *JSON_INTEGER]
+
+
+def _iso_text(value: Any) -> Any:
+    """Lax datetimes would take a number as a Unix time; the wire form is ISO-8601 text."""
+    if value is not None and not isinstance(value, str):
+        raise PydanticCustomError(
+            "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
+        )
+    return value
+
+
+def in_utc(value: datetime) -> datetime:
+    """`value` in UTC, or the error that says it is out of range (year 1 at +01:00 is in
+    year 0 in UTC, which no datetime can hold)."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise PydanticCustomError(
+            "datetime_out_of_range", "is out of range: give a time between years 1 and 9999 UTC"
+        ) from None
+
+
+# A time in a body: ISO-8601 text with an offset.
+IsoTime = Annotated[AwareDatetime, Strict(False), BeforeValidator(_iso_text)]
+
+
 # How far ahead a job may be scheduled: well inside Temporal's own cap on a start delay
 # (100 years, past which it would start the workflow early, silently).
 SCHEDULE_HORIZON = timedelta(days=3653)
@@ -62,7 +90,7 @@ class SubmitPrompt(BaseModel):
     max_attempts: MaxAttemptsField | None = Field(
         default=None, description="Attempts before the job fails; default 3"
     )
-    scheduled_for: Annotated[AwareDatetime, Strict(False)] | None = Field(
+    scheduled_for: IsoTime | None = Field(
         default=None,
         description="Start the job at this time (ISO-8601 with offset), at most 10 years "
         "ahead; a time past means now",
@@ -87,29 +115,12 @@ class SubmitPrompt(BaseModel):
             raise PydanticCustomError("after_repeated", "a prompt is listed twice in `after`")
         return value
 
-    @field_validator("scheduled_for", mode="before")
-    @classmethod
-    def _iso_text(cls, value: Any) -> Any:
-        # Lax datetimes would take a number as a Unix time; the wire form is ISO-8601 text.
-        if value is not None and not isinstance(value, str):
-            raise PydanticCustomError(
-                "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
-            )
-        return value
-
     @field_validator("scheduled_for")
     @classmethod
     def _within_reach(cls, value: datetime | None) -> datetime | None:
         if value is None:
             return None
-        try:
-            utc = value.astimezone(UTC)
-        except OverflowError:
-            # Year 1 at +01:00 is in year 0 in UTC, which no datetime can hold.
-            raise PydanticCustomError(
-                "datetime_out_of_range", "is out of range: give a time between years 1 and 9999 UTC"
-            ) from None
-        if utc > datetime.now(UTC) + SCHEDULE_HORIZON:
+        if in_utc(value) > datetime.now(UTC) + SCHEDULE_HORIZON:
             raise PydanticCustomError("scheduled_too_far", "must be at most 10 years ahead")
         # As sent, offset and all: an idempotent replay's fingerprint is taken from it.
         return value
@@ -554,28 +565,9 @@ class RedeliverIn(BaseModel):
     model_config = STRICT_BODY
 
     delivery_id: str | None = Field(default=None, description="One delivery to send again")
-    since: Annotated[AwareDatetime, Strict(False)] | None = Field(
+    since: Annotated[IsoTime, AfterValidator(in_utc)] | None = Field(
         default=None, description="Else every failed delivery made since this time (or ever)"
     )
-
-    @field_validator("since", mode="before")
-    @classmethod
-    def _iso_text(cls, value: Any) -> Any:
-        if value is not None and not isinstance(value, str):
-            raise PydanticCustomError(
-                "datetime_type", "Input should be an ISO-8601 date-time string with an offset"
-            )
-        return value
-
-    @field_validator("since")
-    @classmethod
-    def _in_range(cls, value: datetime | None) -> datetime | None:
-        try:
-            return None if value is None else value.astimezone(UTC)
-        except OverflowError:
-            raise PydanticCustomError(
-                "datetime_out_of_range", "is out of range: give a time between years 1 and 9999 UTC"
-            ) from None
 
 
 class WebhookOut(BaseModel):
