@@ -65,6 +65,33 @@ def least_tokens(
     return input_estimate(text, options, images) + (answer_limit(adapters, options) or 0)
 
 
+def answer_estimate(
+    adapters: AdapterRegistry, options: PromptOptions, typical: float | None = None
+) -> int:
+    """The answer tokens a call reserves: its answer limit, else the `typical` answer seen on
+    its budget, else FIRST_ANSWER_TOKENS."""
+    limit = answer_limit(adapters, options)
+    if limit is not None:
+        return limit
+    return round(typical) if typical is not None else FIRST_ANSWER_TOKENS
+
+
+def call_cost(
+    prices: PriceTable,
+    adapters: AdapterRegistry,
+    text: str,
+    options: PromptOptions,
+    images: int,
+    answer_tokens: int,
+    *,
+    batch: bool = False,
+) -> float | None:
+    """What a call may cost: its input estimate and `answer_tokens`, at its model's price (in
+    a provider batch, its batch price); None: the model has no price."""
+    model = adapters.model_of(options)
+    return prices.cost(model, input_estimate(text, options, images), answer_tokens, batch=batch)
+
+
 @dataclass
 class WorkerBudgets:
     store: Budgets
@@ -139,7 +166,7 @@ class WorkerBudgets:
             # Counted at once toward `most`: the next read confirms it (or drops it).
             self._known[name] = True
         tokens = self.estimate(job, prompt, name)
-        usd = self.cost_of(job, prompt, tokens) if caps else 0.0
+        usd = self.cost_of(job, prompt, name) if caps else 0.0
         return Draw(
             name,
             tokens,
@@ -153,26 +180,22 @@ class WorkerBudgets:
             key_id=job.key_id,
         )
 
-    def cost_of(self, job: Job, prompt: Prompt, tokens: int) -> float | None:
-        """What a call estimated at `tokens` may cost: its input estimate and the rest as
-        its answer, at its model's price (None: the model has no price, and unpriced models
-        are not allowed under a cap)."""
+    def cost_of(self, job: Job, prompt: Prompt, name: str) -> float | None:
+        """What the call its draw estimates may cost, at its model's price (None: the model
+        has no price, and unpriced models are not allowed under a cap)."""
         options, _ = options_of(job, prompt)
-        model = self.adapters.model_of(options)
-        prompt_tokens = input_estimate(prompt.text, options, count_images(prompt.messages))
+        answer = answer_estimate(self.adapters, options, self._typical.get(name))
         prices = self.prices or PriceTable.load(None)
-        cost = prices.cost(model, prompt_tokens, max(0, tokens - prompt_tokens))
+        images = count_images(prompt.messages)
+        cost = call_cost(prices, self.adapters, prompt.text, options, images, answer)
         if cost is None:
             return 0.0 if self.allow_unpriced else None
         return cost
 
     def estimate(self, job: Job, prompt: Prompt, name: str) -> int:
         options, _ = options_of(job, prompt)
-        least = least_tokens(self.adapters, prompt.text, options, count_images(prompt.messages))
-        if answer_limit(self.adapters, options) is not None:
-            return least
-        typical = self._typical.get(name)
-        return least + (round(typical) if typical is not None else FIRST_ANSWER_TOKENS)
+        asked = input_estimate(prompt.text, options, count_images(prompt.messages))
+        return asked + answer_estimate(self.adapters, options, self._typical.get(name))
 
     async def after_call(
         self,

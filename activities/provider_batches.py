@@ -29,7 +29,7 @@ from activities.adapters.conversation import count_images
 from activities.adapters.options import PromptOptions, options_of
 from activities.attempt import adapter_request
 from activities.batch_line import LOST, BatchLine, settled_verdict, via_batch
-from activities.budgets import FIRST_ANSWER_TOKENS, answer_limit, input_estimate
+from activities.budgets import answer_estimate, call_cost
 from activities.contracts import (
     ATTEMPT_REPORTED,
     BATCH_DONE,
@@ -211,13 +211,13 @@ class BatchActivities:
         if not found or prompt is None:
             return None
         options, _ = options_of(job, prompt)
-        model = self.adapters.model_of(options)
-        asked = input_estimate(prompt.text, options, count_images(prompt.messages))
-        answer = answer_limit(self.adapters, options) or FIRST_ANSWER_TOKENS
-        usd = self.prices.cost(model, asked, answer, batch=True)
+        images, answer = count_images(prompt.messages), answer_estimate(self.adapters, options)
+        usd = call_cost(
+            self.prices, self.adapters, prompt.text, options, images, answer, batch=True
+        )
         if usd is None and self.allow_unpriced:
             usd = 0.0
-        place = f"{self.adapters.provider_of(options)}/{model}"
+        place = f"{self.adapters.provider_of(options)}/{self.adapters.model_of(options)}"
         return await self.store.spend_caps.hold_line(
             job.job_id, job.attempt + 1, job.org, job.key_id, found, usd, place
         )

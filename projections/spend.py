@@ -302,6 +302,9 @@ class Caps:
             found.append(key)
         return tuple(found)
 
+    def every(self) -> list[Cap]:
+        return [*self.orgs.values(), *self.keys.values()]
+
     def __bool__(self) -> bool:
         return bool(self.orgs or self.keys)
 
@@ -342,8 +345,7 @@ class SpendCaps:
     async def spent_and_held(self, cap: Cap, now: datetime) -> tuple[float, float]:
         """What `cap` has spent today, and what its calls in flight hold."""
         async with self.sessions() as session:
-            settled, held = (await session.execute(spent_query(cap, day_of(now)))).one()
-            return float(settled), float(held)
+            return await _spent_and_held(session, cap, now)
 
     async def hold_line(
         self,
@@ -399,7 +401,6 @@ class SpendCaps:
 
     async def standings(self, now: datetime) -> list[CapStanding]:
         caps = await self.caps()
-        since = day_of(now)
         standings = []
         async with self.sessions() as session:
             waiting: dict[str, int] = dict(
@@ -412,11 +413,9 @@ class SpendCaps:
                     )
                 ).all()
             )
-            for cap in [*caps.orgs.values(), *caps.keys.values()]:
-                settled, held = (await session.execute(spent_query(cap, since))).one()
-                standings.append(
-                    CapStanding(cap, float(settled), float(held), int(waiting.get(cap.name, 0)))
-                )
+            for cap in caps.every():
+                spent, held = await _spent_and_held(session, cap, now)
+                standings.append(CapStanding(cap, spent, held, int(waiting.get(cap.name, 0))))
         return standings
 
     async def to_wake(self, now: datetime, batch: int = 1000) -> list[str]:
@@ -436,15 +435,15 @@ class SpendCaps:
 
         await self.writes.run(tidy)
         caps = await self.caps()
-        by_name = {cap.name: cap for cap in [*caps.orgs.values(), *caps.keys.values()]}
+        by_name = {cap.name: cap for cap in caps.every()}
         woken: list[str] = []
         async with self.sessions() as session:
             for name in names:
                 cap = by_name.get(name)
                 room = float("inf")
                 if cap is not None:
-                    settled, held = (await session.execute(spent_query(cap, day_of(now)))).one()
-                    room = cap.usd_per_day - float(settled) - float(held)
+                    spent, held = await _spent_and_held(session, cap, now)
+                    room = cap.usd_per_day - spent - held
                 if room <= EPSILON:
                     continue
                 first = await session.execute(
@@ -459,3 +458,8 @@ class SpendCaps:
                     room -= needs
                     woken.append(job_id)
         return woken
+
+
+async def _spent_and_held(session: AsyncSession, cap: Cap, now: datetime) -> tuple[float, float]:
+    settled, held = (await session.execute(spent_query(cap, day_of(now)))).one()
+    return float(settled), float(held)

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from projections.domain.errors import Refused
 from projections.models import WebhookDelivery, WebhookEndpoint
 from projections.webhooks import EVENT_TYPES
 from promptjobs.console import CliError, console, counted, emit_json, iso, run, table
@@ -75,14 +74,11 @@ def _events(given: list[str] | None) -> list[str]:
 
 
 def _act(action: Any) -> Any:
-    """Run `action(store)` on the projection; a refusal is one line."""
+    """Run `action(store)` on the projection (a refusal is one line, as any: cli.main)."""
 
     async def go() -> Any:
         async with open_projection(Settings(), streams=False, create=False) as projection:
-            try:
-                return await action(projection.store)
-            except Refused as err:
-                raise CliError(str(err)) from err
+            return await action(projection.store)
 
     return run(go())
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from activities.adapters.base import AdapterRegistry
 from activities.adapters.options import PromptOptions
-from activities.budgets import input_estimate, least_tokens
+from activities.budgets import answer_limit, call_cost
 from activities.prices import PriceTable
 from activities.stale import AtMostEvery
 from projections import metrics
@@ -72,9 +72,9 @@ class SpendGate:
                 return
             raise UnpricedUnderCap(caps[0], model)
         now = datetime.now(UTC)
-        least = least_tokens(self.adapters, text, options, images)
-        prompt = input_estimate(text, options, images)
-        usd = self.prices.cost(model, prompt, least - prompt) or 0.0
+        # The least it may cost: its answer limit, if it has one, counted whole.
+        answer = answer_limit(self.adapters, options) or 0
+        usd = call_cost(self.prices, self.adapters, text, options, images, answer) or 0.0
         for cap in caps:
             if usd > cap.usd_per_day:
                 raise CostsMoreThanCap(cap, usd)
