@@ -11,11 +11,13 @@ body is fixed when the event happens: every try sends the same bytes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import secrets
 import threading
 import uuid
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -95,21 +97,29 @@ class TooManyEndpoints(Refused, ValueError):
 
 
 class Outbox:
-    """Tells this process's starter that a transaction committed deliveries. Set from the
-    writer's thread once the commit is done, read from the loop."""
+    """Tells this process's starters that a transaction committed deliveries: each watching
+    starter's event is set (from the writer's thread, once the commit is done), so a starter
+    sleeps until there is something to start instead of looking every few milliseconds."""
 
     def __init__(self) -> None:
-        self._written = threading.Event()
+        self._lock = threading.Lock()
+        self._watchers: dict[asyncio.Event, asyncio.AbstractEventLoop] = {}
+
+    def watch(self, event: asyncio.Event) -> None:
+        """Set `event` (of the running loop) at each commit of deliveries."""
+        with self._lock:
+            self._watchers[event] = asyncio.get_running_loop()
+
+    def unwatch(self, event: asyncio.Event) -> None:
+        with self._lock:
+            self._watchers.pop(event, None)
 
     def written(self) -> None:
-        self._written.set()
-
-    def take(self) -> bool:
-        """Whether deliveries were written since the last take."""
-        if not self._written.is_set():
-            return False
-        self._written.clear()
-        return True
+        with self._lock:
+            watchers = list(self._watchers.items())
+        for event, loop in watchers:
+            with suppress(RuntimeError):  # its loop has closed
+                loop.call_soon_threadsafe(event.set)
 
 
 OUTBOX = Outbox()

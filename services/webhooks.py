@@ -28,8 +28,6 @@ log = logging.getLogger("promptjobs.webhooks")
 
 # Deliveries started per read of the undispatched.
 PAGE = 200
-# How often the starter looks whether this process wrote deliveries.
-LOOK_S = 0.02
 
 
 class InvalidWebhookUrl(Refused, ValueError):
@@ -152,17 +150,25 @@ class WebhookStarter:
 
     async def run(self, *, stop: asyncio.Event) -> None:
         """Start deliveries as soon as this process commits them, until `stop`."""
-        while not stop.is_set():
-            if OUTBOX.take():
+        written = asyncio.Event()
+        OUTBOX.watch(written)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                woken = asyncio.ensure_future(written.wait())
+                await asyncio.wait([woken, stopping], return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if stop.is_set():
+                    break
+                written.clear()
                 try:
                     await self.try_new()
                 except Exception as err:
                     # The dispatcher's scan starts what is left; say why once in a while.
                     if not database_unavailable(err):
                         log.warning("starting webhook deliveries failed, will retry: %r", err)
-                    OUTBOX.written()
                     await asyncio.sleep(1.0)
-            try:
-                await asyncio.wait_for(stop.wait(), LOOK_S)
-            except TimeoutError:
-                pass
+                    written.set()
+        finally:
+            stopping.cancel()
+            OUTBOX.unwatch(written)

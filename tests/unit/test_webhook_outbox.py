@@ -5,6 +5,7 @@ are over disables an endpoint nothing reached for days."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -29,12 +30,18 @@ async def test_a_jobs_changes_write_deliveries_for_the_endpoints_that_want_them(
     every_end = await hooks.create("acme", "https://example.com/a", [], None)
     running_only = await hooks.create("acme", "https://example.com/b", ["job.running"], None)
     await hooks.create("initech", "https://example.com/c", [], None)
-    OUTBOX.take()
+    written = asyncio.Event()
+    OUTBOX.watch(written)
     job = (await projection.store.submit(ACME, Submission("hi", 50, 3, {}))).job
+    assert not written.is_set()
 
-    await projection.projector.start_attempt(job.job_id, 1, "worker-1")
-    await projection.projector.apply(Transition(job.job_id, JobState.FAILED, 1))
-    assert OUTBOX.take()
+    try:
+        await projection.projector.start_attempt(job.job_id, 1, "worker-1")
+        await projection.projector.apply(Transition(job.job_id, JobState.FAILED, 1))
+        # The process's starter is told once the commit is done.
+        await asyncio.wait_for(written.wait(), 5)
+    finally:
+        OUTBOX.unwatch(written)
 
     ends = await hooks.deliveries("acme", every_end.endpoint_id)
     assert [d.event_type for d in ends] == ["job.failed"]
