@@ -146,10 +146,12 @@ class ArchiveReport:
     prompts: int = 0
     responses: int = 0
     before: str = ""
-    # Files, `/v1/batches` and provider batches removed with them (Operations.archive_storage).
+    # Files, `/v1/batches`, provider batches and webhook deliveries removed with them
+    # (Operations.archive_storage).
     files: int = 0
     batches: int = 0
     provider_batches: int = 0
+    webhook_deliveries: int = 0
 
 
 # -- deferrable jobs and provider batches (issue 33) -----------------------------------------

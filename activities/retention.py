@@ -1,5 +1,6 @@
 """The retention schedule's activity: `jobs archive` in batches, heartbeating between them,
-then the files, `/v1/batches` and provider batches of the same age."""
+then the files, `/v1/batches`, provider batches and webhook deliveries of the same
+age."""
 
 from __future__ import annotations
 
@@ -36,4 +37,5 @@ class RetentionActivities:
             files=stored.files,
             batches=stored.batches,
             provider_batches=stored.provider_batches,
+            webhook_deliveries=stored.webhook_deliveries,
         )

@@ -29,9 +29,11 @@ from projections.models import (
     ProviderBatch,
     Response,
     StoredFile,
+    WebhookDelivery,
 )
 from projections.openai_batches import ACTIVE
 from projections.projector import exclude_writers_of_prompts
+from projections.webhooks import PENDING
 
 PERCENTILES = (50, 90, 99)
 
@@ -118,6 +120,7 @@ class StorageArchived:
     files: int
     batches: int
     provider_batches: int
+    webhook_deliveries: int = 0
 
 
 def _count(tx: WriteTx, rows: Select[Any]) -> int:
@@ -381,10 +384,11 @@ class Operations:
         return await self.writes.run(write)
 
     async def archive_storage(self, *, before: datetime) -> StorageArchived:
-        """Remove what the OpenAI routes and provider batches keep, made before `before`:
-        `/v1/batches` that are over, with their lines (their jobs go by `archive`, their
-        output and error files with the files); files, except the input of a batch not yet
-        over; and provider batches that are over and hold no job any more."""
+        """Remove what the OpenAI routes, provider batches and webhooks keep, made before
+        `before`: `/v1/batches` that are over, with their lines (their jobs go by `archive`,
+        their output and error files with the files); files, except the input of a batch not
+        yet over; provider batches that are over and hold no job any more; and webhook
+        deliveries delivered or given up."""
 
         def write(tx: WriteTx) -> StorageArchived:
             old_batches = select(Batch.batch_id).where(
@@ -410,7 +414,13 @@ class Operations:
             )
             provider_batches = _count(tx, select(ProviderBatch.batch_id).where(old_provider))
             tx.execute(delete(ProviderBatch).where(old_provider))
-            return StorageArchived(files, batches, provider_batches)
+            # Deliveries made or given up (a pending one's workflow still needs its row).
+            old_deliveries = and_(
+                WebhookDelivery.state != PENDING, WebhookDelivery.created_at < before
+            )
+            deliveries = _count(tx, select(WebhookDelivery.delivery_id).where(old_deliveries))
+            tx.execute(delete(WebhookDelivery).where(old_deliveries))
+            return StorageArchived(files, batches, provider_batches, deliveries)
 
         return await self.writes.run(write)
 

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -318,3 +319,32 @@ async def test_an_operator_manages_an_orgs_endpoints_with_the_cli(
     assert listed["enabled"] is False and "secret" not in listed
     await cli(hooked, "webhooks", "delete", endpoint, "--org", "acme")
     assert await cli_json(hooked, "webhooks", "list", "--org", "acme") == []
+
+
+async def test_retention_removes_deliveries_made_or_given_up_but_not_those_still_tried(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    endpoint = await register(hooked, admin, receiver.url)
+    done = await hooked.submit("delivered")
+    webhooks = hooked.projection.store.webhooks
+
+    async def states() -> list[str]:
+        found = await webhooks.deliveries("acme", endpoint["endpoint_id"])
+        return sorted(d.state for d in found)
+
+    await eventually(states, lambda s: s == ["delivered"])
+    receiver.answer = 500
+    await hooked.submit("still tried")
+    await eventually(
+        lambda: webhooks.deliveries("acme", endpoint["endpoint_id"]),
+        lambda found: any(d.attempts >= 1 and d.state == "pending" for d in found),
+    )
+
+    removed = await hooked.projection.store.operations.archive_storage(
+        before=datetime.now(UTC) + timedelta(seconds=1)
+    )
+
+    assert removed.webhook_deliveries == 1
+    [left] = await webhooks.deliveries("acme", endpoint["endpoint_id"])
+    assert left.state == "pending" and left.job_id != done["job_id"]
