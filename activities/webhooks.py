@@ -42,6 +42,8 @@ from projections.webhooks import DELIVERED, FAILED, PENDING, ToSend
 # What is kept of a receiver's answer for the deliveries view.
 KEPT_BODY_BYTES = 1024
 USER_AGENT = "promptjobs-webhooks/1"
+# How long a URL's host may take to resolve (at registration, at a submission, at a try).
+RESOLVE_TIMEOUT_S = 5.0
 # The type of the failure that makes Temporal try a delivery again (by the workflow's policy).
 UNDELIVERED = "WebhookUndelivered"
 
@@ -156,9 +158,12 @@ async def resolve(url: str, allowed: Allowed) -> Target:
         addresses: list[Address] = [literal]
     else:
         try:
-            found = await asyncio.get_running_loop().getaddrinfo(
-                host, port, type=socket.SOCK_STREAM
-            )
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                found = await asyncio.get_running_loop().getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM
+                )
+        except TimeoutError:
+            raise AddressRefused(f"{host} did not resolve within {RESOLVE_TIMEOUT_S:g} s") from None
         except OSError as err:
             raise AddressRefused(f"{host} does not resolve: {err}") from err
         addresses = [ipaddress.ip_address(info[4][0]) for info in found]
@@ -208,15 +213,17 @@ class WebhookActivities:
         to_send = await self.store.webhooks.to_send(delivery_id)
         if to_send is None or to_send.delivery.state != PENDING:
             return "gone" if to_send is None else to_send.delivery.state
-        endpoint = to_send.endpoint
-        if endpoint is None:
+        endpoint, url = to_send.endpoint, to_send.url
+        if url is None:
             await self.store.webhooks.gave_up(delivery_id, "its endpoint was deleted")
             return FAILED
-        if endpoint.disabled_at is not None:
+        if endpoint is not None and endpoint.disabled_at is not None:
             why = f"its endpoint is disabled: {endpoint.disabled_reason}"
             await self.store.webhooks.gave_up(delivery_id, why)
             return FAILED
-        turns = self._turns.setdefault(endpoint.endpoint_id, asyncio.Semaphore(self.per_endpoint))
+        # A job's own webhooks take turns by their org and host, as an endpoint's do.
+        place = endpoint.endpoint_id if endpoint else f"{to_send.delivery.org} {_host(url)}"
+        turns = self._turns.setdefault(place, asyncio.Semaphore(self.per_endpoint))
         try:
             if turns.locked() and wait_s <= 0:
                 raise TimeoutError
@@ -231,11 +238,11 @@ class WebhookActivities:
             turns.release()
 
     async def _try(self, to_send: ToSend) -> str:
-        assert to_send.endpoint is not None
-        delivery, endpoint = to_send.delivery, to_send.endpoint
+        delivery, endpoint, url = to_send.delivery, to_send.endpoint, to_send.url
+        assert url is not None
         webhooks = self.store.webhooks
         try:
-            target = await resolve(endpoint.url, self.allowed)
+            target = await resolve(url, self.allowed)
         except AddressRefused as err:
             await webhooks.tried(delivery.delivery_id, status=None, error=str(err), state=FAILED)
             metrics.WEBHOOKS.labels(outcome="refused").inc()
@@ -243,10 +250,10 @@ class WebhookActivities:
         body = delivery.payload.encode()
         now = datetime.now(UTC)
         headers = signed_headers(to_send.secrets(now), delivery.delivery_id, int(time.time()), body)
-        url, host, extensions = target.pinned()
+        pinned, host, extensions = target.pinned()
         try:
             async with self._http().stream(
-                "POST", url, content=body, headers={**headers, **host}, extensions=extensions
+                "POST", pinned, content=body, headers={**headers, **host}, extensions=extensions
             ) as answer:
                 kept = await _head_of(answer)
                 status = answer.status_code
@@ -265,7 +272,8 @@ class WebhookActivities:
         error = f"HTTP {status}: {kept}" if kept else f"HTTP {status}"
         if status == 410:
             await webhooks.tried(delivery.delivery_id, status=status, error=error, state=FAILED)
-            await webhooks.disable(endpoint.endpoint_id, "the receiver answered 410 Gone")
+            if endpoint is not None:  # a job's own webhook just ends
+                await webhooks.disable(endpoint.endpoint_id, "the receiver answered 410 Gone")
             metrics.WEBHOOKS.labels(outcome="failed").inc()
             return FAILED
         await webhooks.tried(delivery.delivery_id, status=status, error=error)
@@ -275,7 +283,8 @@ class WebhookActivities:
     @activity.defn(name="webhook_gave_up")
     async def webhook_gave_up(self, delivery_id: str) -> None:
         """The delivery's tries are over: it ends `failed`; and its endpoint, if nothing
-        reached it over those days, is disabled (its org sees why in GET /v1/webhooks)."""
+        reached it over those days, is disabled (its org sees why in GET /v1/webhooks); a
+        job's own webhook has no endpoint to disable."""
         webhooks = self.store.webhooks
         await webhooks.gave_up(delivery_id, "its tries are over (about three days)")
         metrics.WEBHOOKS.labels(outcome="failed").inc()
@@ -296,6 +305,13 @@ class WebhookActivities:
                 to_send.endpoint.org,
                 reason,
             )
+
+
+def _host(url: str) -> str:
+    try:
+        return httpx.URL(url).host
+    except httpx.InvalidURL:
+        return url
 
 
 async def _head_of(answer: httpx.Response) -> str:

@@ -66,10 +66,19 @@ IsoTime = Annotated[AwareDatetime, Strict(False), BeforeValidator(_iso_text)]
 SCHEDULE_HORIZON = timedelta(days=3653)
 
 
+# The events a job's own webhook may ask for (projections/webhooks.py JOB_EVENT_TYPES).
+JobWebhookEvent = Literal[
+    "job.succeeded", "job.failed", "job.cancelled", "job.superseded", "job.running"
+]
+
+
 class SubmitPrompt(BaseModel):
     # One of `prompt` and `messages`, as the OpenAPI document says too.
     model_config = STRICT_BODY | ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+        json_schema_extra={
+            "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+            "dependentRequired": {"webhook_events": ["webhook"]},
+        }
     )
 
     # Either may be left out, neither may be null (SkipJsonSchema: the document says so).
@@ -107,6 +116,24 @@ class SubmitPrompt(BaseModel):
         "has succeeded; `{{after[0]}}` or `{{after.<prompt_id>}}` in the prompt is replaced by "
         "that parent's response text",
     )
+    webhook: StrictStr | SkipJsonSchema[None] = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        pattern=NO_NUL,
+        description="A URL told of this job's end (and of a retry's job's), as the org's "
+        "endpoints are (docs/webhooks.md): signed with your org's secret for jobs' own "
+        "webhooks (`GET /v1/webhooks/default/secret`); https:// (or http://) to a public address",
+    )
+    webhook_events: (
+        Annotated[list[JobWebhookEvent], Field(min_length=1, max_length=5)] | SkipJsonSchema[None]
+    ) = Field(
+        default=None,
+        json_schema_extra={"uniqueItems": True},
+        description="The events `webhook` wants; left out: the job's end (`job.succeeded`, "
+        "`job.failed`, `job.cancelled`, `job.superseded`). `job.running`: its first attempt "
+        "began",
+    )
 
     @field_validator("after")
     @classmethod
@@ -125,10 +152,17 @@ class SubmitPrompt(BaseModel):
         # As sent, offset and all: an idempotent replay's fingerprint is taken from it.
         return value
 
-    @field_validator("prompt", "messages", mode="before")
+    @field_validator("prompt", "messages", "webhook", "webhook_events", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
         return refuse_null(value)
+
+    @field_validator("webhook_events")
+    @classmethod
+    def _events_once(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise PydanticCustomError("event_repeated", "an event is listed twice")
+        return value
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> SubmitPrompt:
@@ -136,6 +170,11 @@ class SubmitPrompt(BaseModel):
             raise PydanticCustomError(
                 "prompt_or_messages",
                 "give `prompt` (one user message) or `messages` (a conversation), not both",
+            )
+        if self.webhook_events is not None and self.webhook is None:
+            raise PydanticCustomError(
+                "webhook_events_without_webhook",
+                "`webhook_events` names what `webhook` wants: give `webhook` too",
             )
         return self
 
@@ -205,6 +244,13 @@ REQUEST_FIELDS = request_fields(SubmitPrompt, RetryJob)
 
 
 class JobOut(JobRow):
+    webhook: str | None = Field(
+        default=None, description="The job's own webhook (its submission's), if any"
+    )
+    webhook_events: list[str] | None = Field(
+        default=None, description="What `webhook` wants; null: the job's end"
+    )
+
     @classmethod
     def of(cls, job: Job) -> JobOut:
         """The whole row: one job's own read, and the answer to acting on it."""
@@ -553,7 +599,7 @@ class WebhookChange(BaseModel):
 class RotateIn(BaseModel):
     model_config = STRICT_BODY
 
-    overlap_s: int = Field(
+    overlap_s: Annotated[int, *JSON_INTEGER] = Field(
         default=86_400,
         ge=0,
         le=7 * 86_400,
@@ -595,12 +641,25 @@ class WebhookList(BaseModel):
     data: list[WebhookOut]
 
 
+class SigningSecret(BaseModel):
+    """The secret that signs your org's jobs' own webhooks (a submission's `webhook`)."""
+
+    key: str = Field(description="The signing secret (`whsec_…`)")
+    previous_until: Timestamp | None = Field(
+        description="After a rotation: until when the previous secret signs too"
+    )
+
+
 class DeliveryOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     delivery_id: str = Field(description="Its `webhook-id`: the same on every try")
     event_type: str
     job_id: str | None
+    url: str | None = Field(
+        description="Where a job's own webhook goes (`/v1/webhooks/default/deliveries`); null "
+        "for an endpoint's"
+    )
     state: str = Field(description="pending, delivered or failed")
     attempts: int
     last_status: int | None = Field(description="The receiver's last HTTP status, if any")

@@ -198,6 +198,10 @@ class Job(Base):
     # Which of its places the job runs at now: 0 its own provider and model, i the i-th of
     # `options.fallbacks` (activities/adapters/options.py `on_target`).
     fallback: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The job's own webhook (its submission's `webhook`), signed with its org's secret
+    # (WebhookSigning), and the events it wants (null: its end); a retry's job keeps them.
+    webhook: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
     last_event_id: Mapped[int] = mapped_column(EventId, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -654,6 +658,8 @@ class WebhookDelivery(Base):
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
         Index("ix_webhook_deliveries_endpoint_created", "endpoint_id", "created_at"),
+        # An org's jobs' own webhooks share the endpoint id JOB_WEBHOOKS.
+        Index("ix_webhook_deliveries_org_endpoint_created", "org", "endpoint_id", "created_at"),
         Index("ix_webhook_deliveries_undispatched", "dispatched_at", "created_at"),
     )
 
@@ -664,6 +670,9 @@ class WebhookDelivery(Base):
     job_id: Mapped[str | None] = mapped_column(String(40))
     # The body, fixed when the event happened: every try sends the same bytes.
     payload: Mapped[str] = mapped_column(Text)
+    # Where it goes when it is a job's own webhook (its endpoint_id is then JOB_WEBHOOKS,
+    # "default", and it is signed with its org's WebhookSigning); null: to its endpoint.
+    url: Mapped[str | None] = mapped_column(Text)
     # pending, delivered, failed (retries over, or its endpoint disabled or gone)
     state: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -674,3 +683,17 @@ class WebhookDelivery(Base):
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class WebhookSigning(Base):
+    """An org's secret for its jobs' own webhooks (a submission's `webhook`), made at its
+    first use; while a rotation overlaps, the previous secret signs too."""
+
+    __tablename__ = "webhook_signing"
+
+    org: Mapped[str] = mapped_column(String(64), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(100))
+    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    previous_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())

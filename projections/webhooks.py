@@ -23,6 +23,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.domain.errors import Refused
@@ -37,11 +39,13 @@ from projections.models import (
     Prompt,
     WebhookDelivery,
     WebhookEndpoint,
+    WebhookSigning,
 )
 from projections.rows import job_row
 
 ENDPOINTS = Base.metadata.tables[WebhookEndpoint.__tablename__]
 DELIVERIES = Base.metadata.tables[WebhookDelivery.__tablename__]
+SIGNING = Base.metadata.tables[WebhookSigning.__tablename__]
 PROMPTS = Base.metadata.tables[Prompt.__tablename__]
 BATCH_LINES = Base.metadata.tables[BatchLine.__tablename__]
 
@@ -60,6 +64,11 @@ RESPONSE_ENDS = (
 BATCH_ENDS = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
 ENDS = (*JOB_ENDS, *RESPONSE_ENDS, *BATCH_ENDS)
 EVENT_TYPES = (*ENDS, JOB_RUNNING)
+# The events a job's own webhook may ask for (its submission's `webhook_events`).
+JOB_EVENT_TYPES = (*JOB_ENDS, JOB_RUNNING)
+# The endpoint id under which an org's jobs' own webhooks are kept and seen
+# (`/v1/webhooks/default/…`, as Replicate names the secret that signs them).
+JOB_WEBHOOKS = "default"
 # A response cut at its token limit is `incomplete` to OpenAI (api/openai/responses.py).
 CUT_SHORT = frozenset({"length", "max_tokens"})
 RESPONSE_OUTCOMES = {
@@ -159,10 +168,16 @@ def tell_job(
     event = job_event(job, target)
     if event is None:
         return 0
+    told = 0
+    data: dict[str, Any] = {}
+    if job.webhook is not None and wants(job.webhook_events or [], event):
+        # The job's own webhook: its job events, whatever route made it.
+        data = {"id": job.job_id, **job_row(job)}
+        told += enqueue(tx, job.org, event, data, now, job.job_id, [JOB_WEBHOOKS], job.webhook)
     endpoints = _endpoints(tx, job.org)
     if not endpoints:
-        return 0  # the usual case: one indexed read, nothing more
-    data: dict[str, Any] = {"id": job.job_id, **job_row(job)}
+        return told  # the usual case: one indexed read, nothing more
+    data = data or {"id": job.job_id, **job_row(job)}
     if target in RESPONSE_OUTCOMES and _background_response(tx, job.prompt_id):
         outcome = RESPONSE_OUTCOMES[target]
         if target is JobState.SUCCEEDED and finish_reason in CUT_SHORT:
@@ -173,7 +188,7 @@ def tell_job(
         # A /v1/batches line is told by its batch's end, as OpenAI does; an endpoint that
         # names job events gets its jobs' too.
         wanting = [endpoint_id for endpoint_id, events in endpoints if event in events]
-    return enqueue(tx, job.org, event, data, now, job.job_id, wanting)
+    return told + enqueue(tx, job.org, event, data, now, job.job_id, wanting)
 
 
 def _batch_line(tx: WriteTx, prompt_id: str) -> bool:
@@ -200,9 +215,11 @@ def enqueue(
     now: datetime,
     job_id: str | None = None,
     endpoints: list[str] | None = None,
+    url: str | None = None,
 ) -> int:
     """A delivery of `event` to each of the org's endpoints that wants it (`endpoints`, if
-    read already), in the transaction of the change it tells of (how many)."""
+    read already; [JOB_WEBHOOKS] with `url`: a job's own webhook), in the transaction of the
+    change it tells of (how many)."""
     if endpoints is None:
         endpoints = [e for e, events in _endpoints(tx, org) if wants(events, event)]
     for endpoint_id in endpoints:
@@ -223,6 +240,7 @@ def enqueue(
                 "event_type": event,
                 "job_id": job_id,
                 "payload": json.dumps(body, separators=(",", ":"), default=str),
+                "url": url,
                 "state": PENDING,
                 "attempts": 0,
                 "created_at": now,
@@ -236,17 +254,26 @@ def enqueue(
 
 @dataclass(frozen=True)
 class ToSend:
-    """One delivery as its next try sends it: its body, its endpoint's URL and secrets."""
+    """One delivery as its next try sends it: its body, where it goes, and its secrets (its
+    endpoint's, or for a job's own webhook its org's)."""
 
     delivery: WebhookDelivery
-    endpoint: WebhookEndpoint | None  # None: deleted meanwhile
+    endpoint: WebhookEndpoint | None  # None: deleted meanwhile, or a job's own webhook
+    signing: WebhookSigning | None = None  # a job's own webhook: its org's secrets
+
+    @property
+    def url(self) -> str | None:
+        """Where it goes; None: its endpoint was deleted."""
+        if self.delivery.url is not None:
+            return self.delivery.url
+        return None if self.endpoint is None else self.endpoint.url
 
     def secrets(self, now: datetime) -> list[str]:
-        """The secrets that sign it now: the endpoint's, and its previous one while a
-        rotation overlaps."""
-        assert self.endpoint is not None
-        found = [self.endpoint.secret]
-        previous, until = self.endpoint.previous_secret, self.endpoint.previous_until
+        """The secrets that sign it now, and the previous one while a rotation overlaps."""
+        keys = self.signing if self.delivery.url is not None else self.endpoint
+        assert keys is not None
+        found = [keys.secret]
+        previous, until = keys.previous_secret, keys.previous_until
         if previous is not None and until is not None and until > now:
             found.append(previous)
         return found
@@ -351,6 +378,52 @@ class Webhooks:
 
         await self.writes.run(write)
 
+    # -- the org's secret for its jobs' own webhooks ------------------------------------
+
+    async def signing(self, org: str) -> WebhookSigning:
+        """The org's secret for its jobs' own webhooks, made at its first use."""
+        async with self.sessions() as session:
+            found = await session.get(WebhookSigning, org)
+        if found is not None:
+            return found
+        now = utcnow()
+        row = {"org": org, "secret": new_secret(), "created_at": now, "updated_at": now}
+
+        def write(tx: WriteTx) -> None:
+            dialect_insert = pg_insert if tx.postgresql else sqlite_insert
+            # Two first uses at once: one secret, the first written.
+            tx.execute(dialect_insert(SIGNING).values(row).on_conflict_do_nothing())
+
+        await self.writes.run(write)
+        async with self.sessions() as session:
+            made = await session.get(WebhookSigning, org)
+        assert made is not None
+        return made
+
+    async def rotate_signing(
+        self, org: str, overlap: timedelta = ROTATION_OVERLAP
+    ) -> WebhookSigning:
+        """A new secret for the org's jobs' own webhooks; the old one signs too for `overlap`."""
+        current = await self.signing(org)
+        now = utcnow()
+        values = {
+            "secret": new_secret(),
+            "previous_secret": current.secret,
+            "previous_until": now + overlap,
+            "updated_at": now,
+        }
+
+        def write(tx: WriteTx) -> None:
+            tx.execute(update(SIGNING).where(SIGNING.c.org == org).values(values))
+
+        await self.writes.run(write)
+        return await self.signing(org)
+
+    async def _own(self, org: str, endpoint_id: str) -> None:
+        """Raise NotFound unless `endpoint_id` is one of the org's endpoints, or JOB_WEBHOOKS."""
+        if endpoint_id != JOB_WEBHOOKS:
+            await self.get(org, endpoint_id)
+
     async def _change(self, org: str, endpoint_id: str, values: dict[str, Any]) -> None:
         def write(tx: WriteTx) -> int:
             done = tx.execute(
@@ -368,11 +441,12 @@ class Webhooks:
     async def deliveries(
         self, org: str, endpoint_id: str, limit: int = 100, state: str | None = None
     ) -> list[WebhookDelivery]:
-        """The endpoint's deliveries, newest first."""
-        await self.get(org, endpoint_id)
+        """The endpoint's deliveries (JOB_WEBHOOKS: those to the org's jobs' own webhooks),
+        newest first."""
+        await self._own(org, endpoint_id)
         stmt = (
             select(WebhookDelivery)
-            .where(WebhookDelivery.endpoint_id == endpoint_id)
+            .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.org == org)
             .order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.delivery_id.desc())
             .limit(limit)
         )
@@ -386,10 +460,12 @@ class Webhooks:
     ) -> list[str]:
         """Send again one delivery, or every failed one since `since`: pending again, each
         started anew by the dispatcher (same id, same body)."""
-        await self.get(org, endpoint_id)
+        await self._own(org, endpoint_id)
 
         def write(tx: WriteTx) -> list[str]:
-            which = select(DELIVERIES.c.delivery_id).where(DELIVERIES.c.endpoint_id == endpoint_id)
+            which = select(DELIVERIES.c.delivery_id).where(
+                DELIVERIES.c.endpoint_id == endpoint_id, DELIVERIES.c.org == org
+            )
             if delivery_id is not None:
                 which = which.where(DELIVERIES.c.delivery_id == delivery_id)
             else:
@@ -437,8 +513,9 @@ class Webhooks:
             delivery = await session.get(WebhookDelivery, delivery_id)
             if delivery is None:
                 return None
-            endpoint = await session.get(WebhookEndpoint, delivery.endpoint_id)
-            return ToSend(delivery, endpoint)
+            if delivery.url is None:
+                return ToSend(delivery, await session.get(WebhookEndpoint, delivery.endpoint_id))
+        return ToSend(delivery, None, await self.signing(delivery.org))
 
     async def tried(
         self,

@@ -49,6 +49,9 @@ class Submission:
     # A conversation, as sent (Prompt.messages); `text` is then its transcript, which
     # JobService.check writes.
     messages: list[dict[str, Any]] | None = None
+    # The job's own webhook, and the events it wants there (None: its end).
+    webhook: str | None = None
+    webhook_events: list[str] | None = None
 
     def fingerprint(self) -> str:
         body = {
@@ -62,6 +65,8 @@ class Submission:
             **({"after": list(self.after)} if self.after else {}),
             **({"openai": self.openai} if self.openai is not None else {}),
             **({"messages": self.messages} if self.messages is not None else {}),
+            **({"webhook": self.webhook} if self.webhook is not None else {}),
+            **({"webhook_events": self.webhook_events} if self.webhook_events else {}),
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -135,6 +140,7 @@ class JobWrites:
             )
             job.scheduled_for = submission.scheduled_for
             job.key_id = scope.key_id
+            job.webhook, job.webhook_events = submission.webhook, submission.webhook_events
             self.insert_job(tx, job, now)
             return Submitted(Prompt(**prompt), job, created=True)
 
@@ -219,6 +225,8 @@ class JobWrites:
             attempt=0,
             fallback=0,
             key_id=None,
+            webhook=None,
+            webhook_events=None,
             max_attempts=max_attempts,
             options=options,
             # A chain's child waits on all its parents until its workflow has checked them.
@@ -282,6 +290,7 @@ class JobWrites:
             new.supersedes = old.job_id
             # Its spend counts against the key that asked for it, else the first job's.
             new.key_id = scope.key_id or old.key_id
+            new.webhook, new.webhook_events = old.webhook, old.webhook_events
             self.insert_job(tx, new, now)
             superseded = Transition(old.job_id, JobState.SUPERSEDED, superseded_by=new.job_id)
             if transition(tx, superseded, now) is None:

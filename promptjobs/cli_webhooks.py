@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from projections.models import WebhookDelivery, WebhookEndpoint
-from projections.webhooks import EVENT_TYPES
+from projections.webhooks import EVENT_TYPES, JOB_WEBHOOKS
 from promptjobs.console import CliError, console, counted, emit_json, iso, run, table
 from promptjobs.settings import Settings
 from promptjobs.wiring import open_projection
@@ -56,6 +56,7 @@ def _delivery(d: WebhookDelivery) -> dict[str, Any]:
         "delivery_id": d.delivery_id,
         "event_type": d.event_type,
         "job_id": d.job_id,
+        "url": d.url,
         "state": d.state,
         "attempts": d.attempts,
         "last_status": d.last_status,
@@ -178,20 +179,34 @@ def webhooks_delete(
 
 @webhooks_app.command("rotate")
 def webhooks_rotate(
-    endpoint_id: Annotated[str, typer.Argument(help="The endpoint")],
+    endpoint_id: Annotated[str, typer.Argument(help=f"The endpoint, or {JOB_WEBHOOKS!r}")],
     org: OrgOpt,
     overlap_s: Annotated[
         int, typer.Option(min=0, help="How long the old secret signs too")
     ] = 86_400,
 ) -> None:
-    """A new signing secret, printed once; the old one keeps signing too for --overlap-s."""
-    done = _act(lambda store: store.webhooks.rotate(org, endpoint_id, timedelta(seconds=overlap_s)))
-    typer.echo(f"secret {done.secret}\n(shown once; the previous one signs too for {overlap_s} s)")
+    """A new signing secret, printed once; the old one keeps signing too for --overlap-s.
+    `default`: the secret of the org's jobs' own webhooks."""
+    overlap = timedelta(seconds=overlap_s)
+    if endpoint_id == JOB_WEBHOOKS:
+        secret = _act(lambda store: store.webhooks.rotate_signing(org, overlap)).secret
+    else:
+        secret = _act(lambda store: store.webhooks.rotate(org, endpoint_id, overlap)).secret
+    typer.echo(f"secret {secret}\n(shown once; the previous one signs too for {overlap_s} s)")
+
+
+@webhooks_app.command("secret")
+def webhooks_secret(org: OrgOpt) -> None:
+    """The secret that signs the org's jobs' own webhooks (a submission's `webhook`); made
+    at its first use. Their deliveries: `promptjobs webhooks deliveries default`."""
+    typer.echo(_act(lambda store: store.webhooks.signing(org)).secret)
 
 
 @webhooks_app.command("deliveries")
 def webhooks_deliveries(
-    endpoint_id: Annotated[str, typer.Argument(help="The endpoint")],
+    endpoint_id: Annotated[
+        str, typer.Argument(help=f"The endpoint, or {JOB_WEBHOOKS!r}: jobs' own webhooks")
+    ],
     org: OrgOpt,
     state: Annotated[str | None, typer.Option(help="pending, delivered or failed")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
@@ -222,7 +237,9 @@ def webhooks_deliveries(
 
 @webhooks_app.command("redeliver")
 def webhooks_redeliver(
-    endpoint_id: Annotated[str, typer.Argument(help="The endpoint")],
+    endpoint_id: Annotated[
+        str, typer.Argument(help=f"The endpoint, or {JOB_WEBHOOKS!r}: jobs' own webhooks")
+    ],
     org: OrgOpt,
     delivery: Annotated[str | None, typer.Option(help="One delivery (evt_…) to send again")] = None,
     since: Annotated[

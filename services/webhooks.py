@@ -34,13 +34,13 @@ class InvalidWebhookUrl(Refused, ValueError):
     code = "invalid_webhook_url"
 
 
-async def check_webhook_url(url: str, allowed: Allowed) -> None:
-    """Raise InvalidWebhookUrl unless deliveries may go to `url` (resolved now; resolved
-    again, and pinned, at each try)."""
+async def check_webhook_url(url: str, allowed: Allowed, *, field: str = "url") -> None:
+    """Raise InvalidWebhookUrl (naming the body's `field`) unless deliveries may go to `url`
+    (resolved now; resolved again, and pinned, at each try)."""
     try:
         await resolve(url, allowed)
     except AddressRefused as err:
-        raise InvalidWebhookUrl(f"url: {err}") from err
+        raise InvalidWebhookUrl(f"{field}: {err}") from err
 
 
 class WebhookStarter:
@@ -130,8 +130,10 @@ class WebhookStarter:
             log.debug("a first try of a webhook failed: %r", err)
 
     async def _start(self, delivery_id: str, org: str) -> None:
-        # With a first try made here, the workflow's own waits as a retry would.
-        delay = timedelta(seconds=self.first_retry_s) if self.sender is not None else None
+        # Its first try is made at once by the process that committed it (this one, or
+        # another whose start the dispatcher's scan raced): the workflow's own waits as a
+        # retry would, so the two do not both send it at the same moment.
+        delay = timedelta(seconds=self.first_retry_s)
         await self.client.start_workflow(
             WebhookDeliveryWorkflow.run,
             WebhookDeliveryInput(

@@ -13,6 +13,7 @@ from api.problems import problem_responses
 from api.schemas import Accepted, PromptList, PromptOut, SubmitPrompt
 from projections.models import Prompt
 from projections.writes import Submission
+from services.webhooks import check_webhook_url
 
 router = APIRouter(prefix="/v1/prompts", tags=["prompts"])
 
@@ -63,7 +64,11 @@ async def submit_prompt(
         parent_id=body.parent_id,
         correlation_id=body.correlation_id,
         after=tuple(body.after),
+        webhook=body.webhook,
+        webhook_events=None if body.webhook_events is None else list(body.webhook_events),
     )
+    if body.webhook is not None:
+        await check_webhook_url(body.webhook, ctx.webhooks_allowed, field="webhook")
     accepted = await ctx.jobs.submit(caller, submission)
     response.headers["Location"] = f"/v1/jobs/{accepted.job.job_id}"
     if not accepted.created:

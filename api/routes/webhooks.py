@@ -16,13 +16,14 @@ from api.schemas import (
     Redelivered,
     RedeliverIn,
     RotateIn,
+    SigningSecret,
     WebhookChange,
     WebhookIn,
     WebhookList,
     WebhookOut,
     WebhookWithSecret,
 )
-from projections.models import WebhookEndpoint
+from projections.models import WebhookEndpoint, WebhookSigning
 from projections.scope import Scope
 from services.webhooks import check_webhook_url
 
@@ -78,6 +79,32 @@ async def list_webhooks(caller: Caller, ctx: ContextDep) -> WebhookList:
     return WebhookList(data=[_out(e) for e in await ctx.store.webhooks.listed(org)])
 
 
+def _secret(signing: WebhookSigning) -> SigningSecret:
+    return SigningSecret(key=signing.secret, previous_until=signing.previous_until)
+
+
+@router.get("/default/secret", response_model=SigningSecret, responses=problem_responses(401))
+async def job_webhooks_secret(caller: Caller, ctx: ContextDep) -> SigningSecret:
+    """The secret that signs your org's jobs' own webhooks (a submission's `webhook`), as
+    Replicate's route names it; any key of the org may read it, to verify what it asked for.
+    Their deliveries are at `/v1/webhooks/default/deliveries` (admins)."""
+    return _secret(await ctx.store.webhooks.signing(caller.org))
+
+
+@router.post(
+    "/default/rotate",
+    response_model=SigningSecret,
+    responses=problem_responses(401, 403, 422),
+)
+async def rotate_job_webhooks_secret(
+    caller: Caller, ctx: ContextDep, body: RotateIn | None = None
+) -> SigningSecret:
+    """A new secret for the org's jobs' own webhooks; the previous one keeps signing too
+    for `overlap_s`."""
+    overlap = timedelta(seconds=(body or RotateIn()).overlap_s)
+    return _secret(await ctx.store.webhooks.rotate_signing(_admin(caller), overlap))
+
+
 @router.get("/{endpoint_id}", response_model=WebhookOut, responses=problem_responses(401, 403, 404))
 async def get_webhook(endpoint_id: str, caller: Caller, ctx: ContextDep) -> WebhookOut:
     return _out(await ctx.store.webhooks.get(_admin(caller), endpoint_id))
@@ -131,7 +158,8 @@ async def list_deliveries(
     state: Annotated[str | None, Query(pattern="^(pending|delivered|failed)$")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> DeliveryList:
-    """Its deliveries, newest first: state, tries, the last status code and error."""
+    """Its deliveries, newest first: state, tries, the last status code and error.
+    `default`: the deliveries to the org's jobs' own webhooks."""
     found = await ctx.store.webhooks.deliveries(_admin(caller), endpoint_id, limit, state)
     return DeliveryList(data=[DeliveryOut.model_validate(d) for d in found])
 

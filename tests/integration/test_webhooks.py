@@ -348,3 +348,125 @@ async def test_retention_removes_deliveries_made_or_given_up_but_not_those_still
     assert removed.webhook_deliveries == 1
     [left] = await webhooks.deliveries("acme", endpoint["endpoint_id"])
     assert left.state == "pending" and left.job_id != done["job_id"]
+
+
+# -- a job's own webhook (a submission's `webhook`) ------------------------------------------
+
+
+async def test_a_job_names_its_own_webhook_signed_with_its_orgs_secret(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    """No endpoint registered: the job's own URL hears its end, signed with the secret any
+    key of the org reads at /v1/webhooks/default/secret; a retry's job keeps the webhook."""
+    member = await hooked.key("acme", "ann")
+    async with hooked.as_user(member) as http:
+        sent = await http.post(
+            "/v1/prompts",
+            json={
+                "prompt": "boom",
+                "options": {"fake": {"fail": ["auth"]}},
+                "webhook": receiver.url,
+            },
+        )
+        assert sent.status_code == 202, sent.text
+        failed = sent.json()
+        secret = (await http.get("/v1/webhooks/default/secret")).json()["key"]
+        shown = (await http.get(f"/v1/jobs/{failed['job_id']}")).json()
+        assert shown["webhook"] == receiver.url and shown["webhook_events"] is None
+        await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) == 1)
+        retried = (await http.post(f"/v1/jobs/{failed['job_id']}/retry", json={})).json()
+
+    # The old job's `job.superseded`, then the new one's end; the fake fails it again.
+    got = await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) == 3)
+    sdk = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    verifier = standardwebhooks.Webhook(secret)
+    told = []
+    for one in got:
+        event = sdk.webhooks.unwrap(one["body"], one["headers"])
+        verified = verifier.verify(one["body"], one["headers"])
+        assert verified["id"] == event.id == one["headers"]["webhook-id"]
+        told.append((verified["type"], verified["data"]["job_id"]))
+    assert sorted(told) == sorted(
+        [
+            ("job.failed", failed["job_id"]),
+            ("job.superseded", failed["job_id"]),
+            ("job.failed", retried["job_id"]),
+        ]
+    )
+
+
+async def test_a_jobs_webhook_hears_only_the_events_it_names_besides_the_orgs_endpoints(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    endpoint = await register(hooked, admin, receiver.url)
+    job = await hooked.submit("hello", webhook=receiver.url, webhook_events=["job.running"])
+
+    got = await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) == 2)
+    await asyncio.sleep(0.5)  # nothing more comes
+    assert len(receiver.got) == 2
+    told = {json.loads(g["body"])["type"]: g for g in got}
+    assert set(told) == {"job.running", "job.succeeded"}
+    # The job's own (job.running) is signed by the org's secret, the endpoint's by its own.
+    async with hooked.as_user(admin) as http:
+        secret = (await http.get("/v1/webhooks/default/secret")).json()["key"]
+        own = (await http.get("/v1/webhooks/default/deliveries")).json()["data"]
+        assert [(d["event_type"], d["job_id"], d["url"]) for d in own] == [
+            ("job.running", job["job_id"], receiver.url)
+        ]
+        rotated = (await http.post("/v1/webhooks/default/rotate", json={"overlap_s": 60})).json()
+        assert rotated["key"] != secret and rotated["previous_until"] is not None
+    standardwebhooks.Webhook(secret).verify(
+        told["job.running"]["body"], told["job.running"]["headers"]
+    )
+    standardwebhooks.Webhook(endpoint["secret"]).verify(
+        told["job.succeeded"]["body"], told["job.succeeded"]["headers"]
+    )
+    # After the rotation both secrets sign, so a receiver switching over misses nothing.
+    await hooked.submit("again", webhook=receiver.url)
+    got = await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) == 4)
+    [mine] = [g for g in got[2:] if len(g["headers"]["webhook-signature"].split()) == 2]
+    for key in (secret, rotated["key"]):
+        standardwebhooks.Webhook(key).verify(mine["body"], mine["headers"])
+
+
+async def test_a_jobs_webhook_is_refused_inside_the_network_and_without_a_url(
+    stack: Stack,
+) -> None:
+    """Bad input is a 422 that says what to fix, and nothing is accepted."""
+    for body, code in (
+        ({"webhook": "http://169.254.169.254/latest"}, "invalid_webhook_url"),
+        ({"webhook": "http://localhost:9/x"}, "invalid_webhook_url"),
+        ({"webhook_events": ["job.running"]}, None),
+        ({"webhook": "https://example.com/x", "webhook_events": ["job.started"]}, None),
+        ({"webhook": "https://example.com/x", "webhook_events": []}, None),
+    ):
+        refused = await stack.http.post("/v1/prompts", json={"prompt": "x", **body})
+        assert refused.status_code == 422, (body, refused.text)
+        if code is not None:
+            assert refused.json()["code"] == code
+            assert "webhook:" in refused.json()["detail"]
+    assert (await stack.http.get("/v1/jobs")).json()["jobs"] == []
+
+
+async def test_only_an_orgs_admins_see_its_jobs_webhook_deliveries(
+    hooked: Stack, receiver: Receiver
+) -> None:
+    admin = await hooked.key("acme", "root", "admin")
+    member = await hooked.key("acme", "ann")
+    stranger = await hooked.key("initech", "milton", "admin")
+    await hooked.submit("mine", webhook=receiver.url)
+    await eventually(lambda: asyncio.sleep(0, receiver.got), lambda got: len(got) == 1)
+    async with hooked.as_user(member) as http:
+        assert (await http.get("/v1/webhooks/default/deliveries")).status_code == 403
+        assert (await http.post("/v1/webhooks/default/rotate")).status_code == 403
+    async with hooked.as_user(stranger) as http:
+        assert (await http.get("/v1/webhooks/default/deliveries")).json()["data"] == []
+        theirs = (await http.get("/v1/webhooks/default/secret")).json()["key"]
+    async with hooked.as_user(admin) as http:
+        [delivery] = (await http.get("/v1/webhooks/default/deliveries")).json()["data"]
+        assert delivery["state"] == "delivered"
+        assert (await http.get("/v1/webhooks/default/secret")).json()["key"] != theirs
+    assert await cli_json(hooked, "webhooks", "deliveries", "default", "--org", "initech") == []
+    [shown] = await cli_json(hooked, "webhooks", "deliveries", "default", "--org", "acme")
+    assert shown["delivery_id"] == delivery["delivery_id"] and shown["url"] == receiver.url

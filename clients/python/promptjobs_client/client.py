@@ -222,6 +222,8 @@ def submit_call(
     correlation_id: str | None,
     idempotency_key: str | None,
     after: Sequence[str] = (),
+    webhook: str | None = None,
+    webhook_events: Sequence[str] | None = None,
 ) -> Call:
     if (prompt is None) == (messages is None):
         raise InvalidRequest(
@@ -243,6 +245,8 @@ def submit_call(
         "parent_id": parent_id,
         "correlation_id": correlation_id,
         "after": list(after) or None,
+        "webhook": webhook,
+        "webhook_events": list(webhook_events) if webhook_events is not None else None,
     }
     # Checked against the API's own model before it leaves: a typo fails here, with the
     # same message the server would give, and costs no round trip.
@@ -486,11 +490,15 @@ class PromptJobs:
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
         after: Sequence[str] = (),
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
     ) -> Job:
         """Submit a prompt, or a conversation (`messages` in the Chat Completions format, and
         the `tools` the model may call); the job is `queued`. `output_schema` (a pydantic
         model, or `{"name", "schema"}`) asks for an answer in that shape: read it with
-        `job.response().parse(Model)`. An idempotency key is made unless given."""
+        `job.response().parse(Model)`. `webhook`: a URL told of the job's end (or of the
+        `webhook_events` named), signed with the org's secret for jobs' own webhooks. An
+        idempotency key is made unless given."""
         call = submit_call(
             prompt,
             messages=messages,
@@ -505,6 +513,8 @@ class PromptJobs:
             correlation_id=correlation_id,
             idempotency_key=idempotency_key,
             after=after,
+            webhook=webhook,
+            webhook_events=webhook_events,
         )
         accepted = parsed(self._send(call), Accepted)
         return Job(self, accepted.job_id, accepted.prompt_id)
@@ -818,6 +828,8 @@ class AsyncPromptJobs:
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
         after: Sequence[str] = (),
+        webhook: str | None = None,
+        webhook_events: Sequence[str] | None = None,
     ) -> AsyncJob:
         call = submit_call(
             prompt,
@@ -833,6 +845,8 @@ class AsyncPromptJobs:
             correlation_id=correlation_id,
             idempotency_key=idempotency_key,
             after=after,
+            webhook=webhook,
+            webhook_events=webhook_events,
         )
         accepted = parsed(await self._send(call), Accepted)
         return AsyncJob(self, accepted.job_id, accepted.prompt_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -80,6 +80,9 @@ class JobOut(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None
+    # The job's own webhook (its submission's), and the events it wants there.
+    webhook: str | None = None
+    webhook_events: list[str] | None = None
 
 
 class Accepted(BaseModel):
@@ -286,6 +289,12 @@ MaxAttempts = Annotated[StrictInt, Field(ge=1, le=10)]
 PromptId = Annotated[StrictStr, Field(min_length=1, max_length=40)]
 
 
+# What a job's own webhook may be told of.
+WebhookEvent = Literal[
+    "job.succeeded", "job.failed", "job.cancelled", "job.superseded", "job.running"
+]
+
+
 class SubmitPrompt(BaseModel):
     """`POST /v1/prompts`. `options` are checked by the server, which knows its providers."""
 
@@ -301,6 +310,9 @@ class SubmitPrompt(BaseModel):
     parent_id: StrictStr | None = Field(default=None, max_length=40)
     correlation_id: StrictStr | None = Field(default=None, max_length=128)
     after: list[PromptId] = Field(default_factory=list, max_length=16)
+    # A URL told of the job's end, signed with the org's secret for jobs' own webhooks.
+    webhook: StrictStr | None = Field(default=None, min_length=1, max_length=2000)
+    webhook_events: list[WebhookEvent] | None = Field(default=None, min_length=1, max_length=5)
 
 
 class RetryJob(BaseModel):
