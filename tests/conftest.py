@@ -197,7 +197,8 @@ async def _truncate(projection: Projection) -> None:
                 "TRUNCATE api_keys, responses, job_events, job_outputs, attempts, jobs, prompts, "
                 "workers, org_limits, provider_budgets, provider_circuits, budget_draws, "
                 "budget_waiters, spend_holds, spend_waiters, files, file_chunks, batch_lines, "
-                "batches, provider_batches, deferred_jobs, webhook_endpoints, webhook_deliveries "
+                "batches, provider_batches, deferred_jobs, webhook_endpoints, webhook_deliveries, "
+                "webhook_signing "
                 "RESTART IDENTITY CASCADE"
             )
         )
