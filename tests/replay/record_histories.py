@@ -3,6 +3,7 @@
     .venv/bin/python -m tests.replay.record_histories        # rewrites tests/replay/histories/
     .venv/bin/python -m tests.replay.record_histories --version v5 chain_waits_then_runs ...
     .venv/bin/python -m tests.replay.record_histories retention   # RetentionWorkflow's run
+    .venv/bin/python -m tests.replay.record_histories webhooks    # WebhookDeliveryWorkflow's
 
 Run it after an intended, versioned workflow change (see docs/workflow-versioning.md), and
 commit the new histories *beside* the old ones: the old ones keep guarding in-flight jobs.
@@ -23,6 +24,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.contracts import ArchiveExpired
+from projections.group_commit import WriteTx
 from promptjobs.history import export_history
 from promptjobs.launch import DEV_SERVER_ARGS
 from promptjobs.mock_provider import run_mock_provider
@@ -34,6 +36,7 @@ from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
 RETENTION_HISTORIES = HISTORIES / "retention"
+WEBHOOK_HISTORIES = HISTORIES / "webhook_delivery"
 VERSION = "v9"
 # ProviderBatchWorkflow's runs, recorded with the deferrable scenarios.
 PROVIDER_BATCH_HISTORIES = HISTORIES / "provider_batch"
@@ -329,6 +332,97 @@ async def record_retention(env: WorkflowEnvironment) -> None:
             print(f"retention            removed {report.jobs} → {path.relative_to(Path.cwd())}")
 
 
+async def record_webhooks(env: WorkflowEnvironment) -> None:
+    """WebhookDeliveryWorkflow's runs: a receiver that refuses the first tries and then takes
+    the event (`retried`), and one that answers 410 Gone (`gone`)."""
+    WEBHOOK_HISTORIES.mkdir(exist_ok=True)
+    for name, answer in (("retried", 500), ("gone", 410)):
+        await _record_webhook(env, name, answer)
+    await _record_webhook_gave_up()
+
+
+async def _record_webhook_gave_up() -> None:
+    """A receiver that never answers, for the whole schedule (three days, skipped through on
+    the time-skipping test server): the tries end and `webhook_gave_up` runs."""
+    from shutil import which
+
+    from temporalio.worker import Worker
+
+    from activities.webhooks import Allowed, WebhookActivities
+    from projections.event_log import utcnow
+    from projections.webhooks import JOB_WEBHOOKS, enqueue
+    from promptjobs.wiring import open_projection
+    from workflows.webhook_delivery import WebhookDeliveryInput, WebhookDeliveryWorkflow
+
+    server = which("temporal-test-server") or str(
+        Path(temporal_cli()).parent / "temporal-test-server"
+    )
+    env = await WorkflowEnvironment.start_time_skipping(test_server_existing_path=server)
+    closed = f"http://127.0.0.1:{free_port()}/hooks"  # nothing listens there
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = make_settings(Path(tmp))
+            async with open_projection(settings) as projection:
+                store = projection.store
+
+                def write(tx: WriteTx) -> None:
+                    enqueue(tx, "acme", "job.succeeded", {"id": "job_1"}, utcnow(), "job_1",
+                            [JOB_WEBHOOKS], closed)  # fmt: skip
+
+                await store.webhooks.writes.run(write)
+                [delivery] = await store.webhooks.deliveries("acme", JOB_WEBHOOKS)
+                sender = WebhookActivities(store, Allowed.of([], ["127.0.0.0/8"]), timeout_s=1.0)
+                async with Worker(
+                    env.client,
+                    task_queue="webhooks-replay",
+                    workflows=[WebhookDeliveryWorkflow],
+                    activities=[sender.deliver_webhook, sender.webhook_gave_up],
+                ):
+                    outcome = await env.client.execute_workflow(
+                        WebhookDeliveryWorkflow.run,
+                        WebhookDeliveryInput(delivery.delivery_id, timeout_s=1.0),
+                        id=delivery.delivery_id,
+                        task_queue="webhooks-replay",
+                    )
+                path = WEBHOOK_HISTORIES / "v1-gave_up.json"
+                path.write_text(await export_history(env.client, delivery.delivery_id))
+                print(f"webhook gave_up      {outcome:10} → {path.relative_to(Path.cwd())}")
+    finally:
+        await env.shutdown()
+
+
+async def _record_webhook(env: WorkflowEnvironment, name: str, answer: int) -> None:
+    from tests.integration.test_webhooks import Receiver
+
+    receiver = Receiver(answer=answer)
+    await receiver.start()
+
+    async def got() -> list[dict[str, object]]:
+        return receiver.got
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = make_settings(
+                Path(tmp), webhook_allow_ranges=["127.0.0.0/8"], webhook_first_retry_s=0.5
+            )
+            async with running_stack(settings, env.client) as stack:
+                await stack.submit("replay me", webhook=receiver.url)
+                first = (await eventually(got, len))[0]
+                if name == "retried":
+                    await eventually(got, lambda tries: len(tries) > 1)
+                    receiver.answer = 200
+                headers = first["headers"]
+                assert isinstance(headers, dict)
+                delivery_id = str(headers["webhook-id"])
+                handle = env.client.get_workflow_handle(delivery_id)
+                outcome = await asyncio.wait_for(handle.result(), 60)
+                path = WEBHOOK_HISTORIES / f"v1-{name}.json"
+                path.write_text(await export_history(env.client, delivery_id))
+                print(f"webhook {name:12} {outcome:10} → {path.relative_to(Path.cwd())}")
+    finally:
+        await receiver.stop()
+
+
 async def record(names: list[str], version: str = VERSION) -> None:
     env = await WorkflowEnvironment.start_local(
         port=free_port(),
@@ -348,6 +442,9 @@ async def record(names: list[str], version: str = VERSION) -> None:
         if "retention" in names:
             names = [name for name in names if name != "retention"]
             await record_retention(env)
+        if "webhooks" in names:
+            names = [name for name in names if name != "webhooks"]
+            await record_webhooks(env)
         for name in names:
             with tempfile.TemporaryDirectory() as tmp:
                 settings = make_settings(

@@ -20,10 +20,14 @@ from workflows.contracts import PromptJobInput, PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow
 from workflows.provider_batch import ProviderBatchWorkflow
 from workflows.retention import RetentionWorkflow
+from workflows.webhook_delivery import WebhookDeliveryWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 RETENTION_HISTORIES = sorted((Path(__file__).parent / "histories" / "retention").glob("*.json"))
 BATCH_HISTORIES = sorted((Path(__file__).parent / "histories" / "provider_batch").glob("*.json"))
+WEBHOOK_HISTORIES = sorted(
+    (Path(__file__).parent / "histories" / "webhook_delivery").glob("*.json")
+)
 PATHS = {
     "success", "retry_then_success", "exhausted", "non_retryable", "rate_limited",
     "cancel_queued", "cancel_running", "crash_recovery", "stuck", "scheduled",
@@ -84,6 +88,22 @@ async def test_provider_batch_history_replays_on_the_current_workflow(path: Path
     )
     assert result.replay_failure is None, (
         f"{path.name} no longer replays on ProviderBatchWorkflow: guard the change with "
+        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
+    )
+
+
+def test_webhook_deliveries_have_recorded_histories() -> None:
+    recorded = {path.stem.split("-", 1)[1] for path in WEBHOOK_HISTORIES}
+    assert recorded >= {"retried", "gone", "gave_up"}
+
+
+@pytest.mark.parametrize("path", WEBHOOK_HISTORIES, ids=[p.stem for p in WEBHOOK_HISTORIES])
+async def test_webhook_delivery_history_replays_on_the_current_workflow(path: Path) -> None:
+    result = await Replayer(workflows=[WebhookDeliveryWorkflow]).replay_workflow(
+        load(path), raise_on_replay_failure=False
+    )
+    assert result.replay_failure is None, (
+        f"{path.name} no longer replays on WebhookDeliveryWorkflow: guard the change with "
         f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
     )
 
