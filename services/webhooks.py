@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +29,9 @@ log = logging.getLogger("promptjobs.webhooks")
 
 # Deliveries started per read of the undispatched.
 PAGE = 200
+# How long a starter remembers the deliveries it marked started (a read in flight meanwhile
+# may still find them unstarted; one begun after the mark does not).
+FORGET_STARTED_S = 60.0
 
 
 class InvalidWebhookUrl(Refused, ValueError):
@@ -67,6 +71,9 @@ class WebhookStarter:
         self._trying: set[asyncio.Task[None]] = set()
         # Deliveries whose first try is made and whose workflow is being started.
         self._starting: set[str] = set()
+        # When each was marked started (monotonic): a read that began before then may still
+        # have found it unstarted.
+        self._started: dict[str, float] = {}
 
     async def start_pending(self) -> int:
         """Start the workflow of every delivery not started yet; how many."""
@@ -86,11 +93,13 @@ class WebhookStarter:
         """Make the first try of each delivery not started yet at once, and start their
         workflows meanwhile (the next look does not wait for those starts: a delivery
         committed during them is tried as soon)."""
+        began = time.monotonic()
         found = [
             (delivery_id, org)
             for delivery_id, org in await self.store.webhooks.undispatched(PAGE)
-            if delivery_id not in self._starting
+            if delivery_id not in self._starting and self._started.get(delivery_id, 0) < began
         ]
+        self._forget_started(began - FORGET_STARTED_S)
         for delivery_id, _ in found:
             self._starting.add(delivery_id)
             self._try_now(delivery_id)
@@ -99,7 +108,10 @@ class WebhookStarter:
 
         def done(task: asyncio.Task[None]) -> None:
             self._trying.discard(task)
-            self._starting.difference_update(delivery_id for delivery_id, _ in found)
+            now = time.monotonic()
+            for delivery_id, _ in found:
+                self._starting.discard(delivery_id)
+                self._started[delivery_id] = now
             if not task.cancelled() and task.exception() is not None:
                 OUTBOX.written()  # look again; the dispatcher's scan is the last resort
                 log.warning("starting webhook deliveries failed, will retry: %r", task.exception())
@@ -108,6 +120,10 @@ class WebhookStarter:
         if len(found) == PAGE:
             OUTBOX.written()  # more where these came from
         return len(found)
+
+    def _forget_started(self, before: float) -> None:
+        for delivery_id in [d for d, at in self._started.items() if at < before]:
+            del self._started[delivery_id]
 
     def _try_now(self, delivery_id: str) -> None:
         """The first try, at once, beside the workflow's start: the moment a job ends is not

@@ -72,6 +72,8 @@ class Receiver:
         body = await request.read()
         if self.hang_s:
             await asyncio.sleep(self.hang_s)
+            if request.transport is None or request.transport.is_closing():
+                return web.Response(status=499)  # the sender gave up: not delivered
         if self._sdk is None:
             self._sdk = openai.OpenAI(api_key="unused", webhook_secret=self.secret)
         event = self._sdk.webhooks.unwrap(body, dict(request.headers))
