@@ -98,7 +98,10 @@ async def test_every_jobs_end_is_delivered_through_failures_an_outage_a_kill_and
         tmp_path,
         database_url=f"sqlite:///{tmp_path / 'projection.db'}",
         temporal_address=temporal_address(dev_server),
-        heartbeat_timeout_s=3.0,
+        # The default: the worker started after the kill replays every workflow in flight
+        # at once, and on two loaded cores a shorter timeout took its busy moments for a
+        # dead worker (calls cancelled, attempts spent, jobs failed as lost).
+        heartbeat_timeout_s=10.0,
     )
     port = free_port()
     env = process_env(
@@ -106,7 +109,10 @@ async def test_every_jobs_end_is_delivered_through_failures_an_outage_a_kill_and
         api_port=port,
         webhook_allow_ranges='["127.0.0.0/8"]',
         webhook_first_retry_s=0.5,
-        webhook_longest_wait_s=4,
+        # Tries at 0.5, 1.5, 4.5, 13.5 s, then every 15 s: the outage's events come within
+        # 15 s of the receiver's return, without a storm of tries meanwhile (every 4 s, 750
+        # events' tries starved the worker's job activities of their heartbeats).
+        webhook_longest_wait_s=15,
     )
     procs = tmp_path / "procs"
     receiver = Receiver()

@@ -57,7 +57,7 @@ async def test_a_tenants_hanging_endpoint_does_not_slow_anothers_deliveries(
         async def told() -> int:
             return len(tenants.fine.delivered)
 
-        await eventually(told, lambda n: n == len(fine), timeout=60)
+        await eventually(told, lambda n: n == len(fine), timeout=120)
         assert tenants.stuck.delivered == {}
         async with stack.as_user(keys["stuck"]) as http:
             endpoint = (await http.get("/v1/webhooks")).json()["data"][0]["endpoint_id"]
