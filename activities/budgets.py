@@ -220,7 +220,7 @@ class WorkerBudgets:
         teaches nothing, and leaves no budget that nothing else set, taught or paused: a
         tenant's junk model names make no rows, whether or not its call was the probe."""
         if not answered:
-            await self.store.discard_unanswered(name)
+            await self.store.discard_unanswered(name, probing=probing)
             self._known.pop(name, None)
         changed = (
             answered
@@ -229,8 +229,10 @@ class WorkerBudgets:
             # A budget the cap kept from being made is not made by what its call taught.
             and (name in self._known or len(self._known) < self.most)
         )
-        if changed or (answered and probing and name not in self._learned):
-            # What the provider says of its limits (nothing: the probe is over all the same).
+        if changed or (answered and probing):
+            # What the provider says of its limits (nothing: the probe is over all the same,
+            # also where this worker learned that before: a junk model's unanswered call
+            # forgets the budget, and the next call on it probes again).
             said = limits or ProviderLimits(None, None)
             await self.store.learn(name, said.rpm, said.tpm, datetime.now(UTC))
             self._learned[name] = limits

@@ -561,8 +561,9 @@ class Budgets:
     async def learn(self, name: str, rpm: int | None, tpm: int | None, now: datetime) -> None:
         await self.writes.run(lambda tx: learn(tx, name, rpm, tpm, now))
 
-    async def discard_unanswered(self, name: str) -> None:
-        """Remove a budget its probe made, if nothing more was set or learned on it since."""
+    async def discard_unanswered(self, name: str, *, probing: bool = False) -> None:
+        """Remove a budget its probe made, if nothing more was set or learned on it since;
+        a budget that stays is no longer probed by this call (`probing`)."""
 
         def write(tx: WriteTx) -> None:
             tx.execute(
@@ -575,6 +576,8 @@ class Budgets:
                     BUDGETS.c.paused_until.is_(None),
                 )
             )
+            if probing:
+                tx.execute(update(BUDGETS).where(BUDGETS.c.name == name).values(probe_until=None))
 
         await self.writes.run(write)
 

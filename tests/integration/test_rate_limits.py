@@ -19,7 +19,7 @@ from sqlalchemy import select
 from temporalio.testing import WorkflowEnvironment
 
 from projections import budgets
-from projections.models import Job
+from projections.models import Job, ProviderBudget
 from promptjobs import mock_provider
 from tests.conftest import (
     MockProviderServer,
@@ -262,6 +262,33 @@ async def test_a_job_its_orgs_slots_refuse_takes_no_probe(
                 timeout=budgets.PROBE_FOR.total_seconds() - 10,
             )
     assert job["attempt"] == 1
+
+
+async def test_a_probe_after_a_refused_call_ends_with_its_answer(
+    dev_server: WorkflowEnvironment, tmp_path: Path, mock_provider: MockProviderServer
+) -> None:
+    # A model's first call probes its budget; its answer ends the probe, even one that says no
+    # limits. A call the provider refuses (400) forgets the budget, so the next call probes
+    # again, and its answer must end that probe too: left taken, every later call on the
+    # model waited PROBE_FOR (30 s) for an answer already in.
+    settings = provider_settings(tmp_path, mock_provider)
+    async with running_stack(settings, dev_server.client) as stack:
+
+        async def run(prompt: str) -> str:
+            options = {"provider": "openai", "model": "gpt-probed"}
+            accepted = await stack.submit(prompt, max_attempts=1, options=options)
+            return str((await stack.settled(accepted["job_id"]))["state"])
+
+        tag = uuid.uuid4().hex
+        assert await run(f"first {tag}") == "succeeded"
+        assert await run(f"refused {tag} mock:fail=400") == "failed"
+        assert await run(f"probes again {tag}") == "succeeded"
+
+        async with stack.projection.sessions() as session:
+            probes = await session.scalars(
+                select(ProviderBudget.probe_until).where(ProviderBudget.name == "openai/gpt-probed")
+            )
+            assert [until for until in probes if until is not None] == []
 
 
 async def test_tenants_cannot_mint_provider_budgets_without_bound(
