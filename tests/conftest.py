@@ -131,6 +131,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # last would run on alone after the rest are done.
 LONGEST_FIRST = (
     "test_webhook_delivery.py",
+    "test_openai_chat.py",
     "test_openai_batches.py",
     "test_recovery.py",
     "test_webhook_tenants.py",
