@@ -126,29 +126,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("database_url", BOTH_DATABASES if both else ["sqlite"], indirect=True)
 
 
-# The modules that take longest (a minute and more on two cores), run first: `./run test`
-# hands each of its workers a module at a time in collection order, so one of these begun
-# last would run on alone after the rest are done.
-LONGEST_FIRST = (
-    "test_webhook_delivery.py",
-    "test_openai_chat.py",
-    "test_openai_batches.py",
-    "test_recovery.py",
-    "test_webhook_tenants.py",
-    "test_org_limits.py",
-    "test_api_keys.py",
-    "test_rate_limits.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each module's tests keep their order
-
-
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Every test on the shared PostgreSQL server is marked `postgres` (those on a database
     of their own from `pg_database` or `fresh_pg_database` too): `./run test` runs them in
