@@ -49,6 +49,17 @@ async def all_histories() -> AsyncIterator[WorkflowHistory]:
         yield load(path)
 
 
+async def replays(path: Path, workflow: type) -> None:
+    """The recorded history at `path` replays on today's `workflow`."""
+    result = await Replayer(workflows=[workflow]).replay_workflow(
+        load(path), raise_on_replay_failure=False
+    )
+    assert result.replay_failure is None, (
+        f"{path.name} no longer replays on {workflow.__name__}: guard the change with "
+        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
+    )
+
+
 def test_every_path_has_a_recorded_history() -> None:
     recorded = {path.stem.split("-", 1)[1] for path in HISTORIES}
     assert PATHS <= recorded, f"missing histories: {sorted(PATHS - recorded)}"
@@ -68,13 +79,7 @@ async def test_history_replays_on_the_current_workflow(path: Path) -> None:
 
 @pytest.mark.parametrize("path", RETENTION_HISTORIES, ids=[p.stem for p in RETENTION_HISTORIES])
 async def test_retention_history_replays_on_the_current_workflow(path: Path) -> None:
-    result = await Replayer(workflows=[RetentionWorkflow]).replay_workflow(
-        load(path), raise_on_replay_failure=False
-    )
-    assert result.replay_failure is None, (
-        f"{path.name} no longer replays on RetentionWorkflow: guard the change with "
-        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
-    )
+    await replays(path, RetentionWorkflow)
 
 
 def test_provider_batches_have_recorded_histories() -> None:
@@ -83,13 +88,7 @@ def test_provider_batches_have_recorded_histories() -> None:
 
 @pytest.mark.parametrize("path", BATCH_HISTORIES, ids=[p.stem for p in BATCH_HISTORIES])
 async def test_provider_batch_history_replays_on_the_current_workflow(path: Path) -> None:
-    result = await Replayer(workflows=[ProviderBatchWorkflow]).replay_workflow(
-        load(path), raise_on_replay_failure=False
-    )
-    assert result.replay_failure is None, (
-        f"{path.name} no longer replays on ProviderBatchWorkflow: guard the change with "
-        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
-    )
+    await replays(path, ProviderBatchWorkflow)
 
 
 def test_webhook_deliveries_have_recorded_histories() -> None:
@@ -99,13 +98,7 @@ def test_webhook_deliveries_have_recorded_histories() -> None:
 
 @pytest.mark.parametrize("path", WEBHOOK_HISTORIES, ids=[p.stem for p in WEBHOOK_HISTORIES])
 async def test_webhook_delivery_history_replays_on_the_current_workflow(path: Path) -> None:
-    result = await Replayer(workflows=[WebhookDeliveryWorkflow]).replay_workflow(
-        load(path), raise_on_replay_failure=False
-    )
-    assert result.replay_failure is None, (
-        f"{path.name} no longer replays on WebhookDeliveryWorkflow: guard the change with "
-        f"workflow.patched() (docs/workflow-versioning.md). Cause: {result.replay_failure}"
-    )
+    await replays(path, WebhookDeliveryWorkflow)
 
 
 def test_failed_paths_of_the_current_workflow_end_failed() -> None:
