@@ -94,3 +94,13 @@ async def test_an_endpoint_nothing_reached_for_days_is_disabled_when_a_delivery_
     assert (await hooks.get("acme", alive.endpoint_id)).disabled_at is None
     states = {d.delivery_id: d.state for d in await hooks.deliveries("acme", dead.endpoint_id)}
     assert states[to_dead.delivery_id] == "failed"
+
+
+def test_the_api_names_exactly_the_event_types_the_outbox_makes() -> None:
+    from typing import get_args
+
+    from api.schemas import JobWebhookEvent, WebhookEvent
+    from projections.webhooks import EVENT_TYPES, JOB_EVENT_TYPES
+
+    assert set(get_args(WebhookEvent)) == set(EVENT_TYPES)
+    assert set(get_args(JobWebhookEvent)) == set(JOB_EVENT_TYPES)
