@@ -92,6 +92,12 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
+def rotated(secret: str, overlap: timedelta, now: datetime) -> dict[str, Any]:
+    """A rotation's new values: a new secret, and `secret` signing too until `overlap` ends
+    (an endpoint's, or an org's for its jobs' own webhooks)."""
+    return {"secret": new_secret(), "previous_secret": secret, "previous_until": now + overlap}
+
+
 def new_delivery_id() -> str:
     return f"evt_{uuid.uuid4().hex}"
 
@@ -344,14 +350,8 @@ class Webhooks:
         self, org: str, endpoint_id: str, overlap: timedelta = ROTATION_OVERLAP
     ) -> WebhookEndpoint:
         """A new secret; the old one keeps signing too for `overlap`."""
-        now = utcnow()
         current = await self.get(org, endpoint_id)
-        values = {
-            "secret": new_secret(),
-            "previous_secret": current.secret,
-            "previous_until": now + overlap,
-        }
-        await self._change(org, endpoint_id, values)
+        await self._change(org, endpoint_id, rotated(current.secret, overlap, utcnow()))
         return await self.get(org, endpoint_id)
 
     async def delete(self, org: str, endpoint_id: str) -> None:
@@ -406,12 +406,7 @@ class Webhooks:
         """A new secret for the org's jobs' own webhooks; the old one signs too for `overlap`."""
         current = await self.signing(org)
         now = utcnow()
-        values = {
-            "secret": new_secret(),
-            "previous_secret": current.secret,
-            "previous_until": now + overlap,
-            "updated_at": now,
-        }
+        values = {**rotated(current.secret, overlap, now), "updated_at": now}
 
         def write(tx: WriteTx) -> None:
             tx.execute(update(SIGNING).where(SIGNING.c.org == org).values(values))
