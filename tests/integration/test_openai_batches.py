@@ -61,6 +61,8 @@ async def finished(client: AsyncOpenAI, batch_id: str, timeout: float = 120) -> 
     )
 
 
+# 1,000 jobs: ~30 s alone, past two minutes beside the rest of the suite on two busy cores.
+@pytest.mark.timeout(360)
 async def test_a_batch_of_chat_lines_with_failures_and_its_output_files(stack: Stack) -> None:
     client = sdk(stack)
     lines = [
