@@ -366,6 +366,7 @@ async def serve(
             raise LaunchError(f"{next(iter(done)).get_name()} stopped unexpectedly")
     finally:
         stop.set()
+        stop_by = asyncio.get_running_loop().time() + settings.shutdown_grace_s + STOP_SLACK_S
         # What the wait is for: each process of a stack says its own part.
         waits = []
         if server is not None:
@@ -382,7 +383,26 @@ async def serve(
                 projection.feed.close()
         if worker is not None:
             await worker.shutdown()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_within(tasks, stop_by - asyncio.get_running_loop().time())
+
+
+# What a stopping process's loops (the dispatcher's scan, the batch runner, the webhook
+# starter…) get beyond the grace, from the stop, to end before they are cancelled.
+STOP_SLACK_S = 5.0
+
+
+async def stop_within(tasks: Sequence[asyncio.Task[Any]], seconds: float) -> None:
+    """Wait for the parts of a stopping process to end; cancel, and name, any still running
+    after `seconds`, so that a part that misses its stop (a pass over a long backlog, say)
+    cannot keep the process from exiting. Nothing is lost by the cut: what a part had not
+    done is still in the database for the next process."""
+    if not tasks:
+        return
+    _, late = await asyncio.wait(tasks, timeout=max(seconds, 0.0))
+    for task in late:
+        log.warning("%s did not stop in time: cancelled", task.get_name())
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def run_api(settings: Settings, *, stop: asyncio.Event | None = None) -> None:

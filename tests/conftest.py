@@ -26,7 +26,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from promptjobs.launch import DEV_SERVER_ARGS, serve
+from promptjobs.launch import DEV_SERVER_ARGS, STOP_SLACK_S, serve
 from promptjobs.runtime import (
     Projection,
     build_adapters,
@@ -361,7 +361,13 @@ async def running_stack(
                 yield Stack(settings, base_url, client, projection, http, key)
             finally:
                 stop.set()
-                await task
+                # Bounded: a test cut off by its timeout mid-run must not leave its teardown
+                # waiting for ever on a part the cut left broken.
+                bound = settings.shutdown_grace_s + STOP_SLACK_S + 30
+                try:
+                    await asyncio.wait_for(task, bound)
+                except TimeoutError:
+                    raise AssertionError(f"the stack did not stop within {bound:g} s") from None
         if projection.engine.dialect.name == "postgresql":
             await _truncate(projection)
 
