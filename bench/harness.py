@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 from temporalio.testing import WorkflowEnvironment
 
-from promptjobs.launch import DEV_SERVER_ARGS
+from promptjobs.launch import DEV_SERVER_ARGS, dev_server_pids, lower_priority
 from promptjobs.runtime import Projection, open_projection, temporal_cli
 from promptjobs.settings import Settings
 from workflows import search_attributes
@@ -98,7 +98,8 @@ class Args:
     `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`);
     `noworker` (no worker runs: the jobs stay queued; `bench.submit_latency` only);
     `httpx` (the load from an httpx client, as many users' code sends it, instead of aiohttp;
-    `bench.submit_latency` and `bench.dev_latency`)."""
+    `bench.submit_latency` and `bench.dev_latency`); `samenice` (the Temporal server at the
+    same priority as our processes, as before `PROMPTJOBS_TEMPORAL_DEV_NICE`)."""
 
     count: int
     backend: str
@@ -106,22 +107,24 @@ class Args:
     pinned: bool = False
     no_worker: bool = False
     httpx_client: bool = False
+    same_nice: bool = False
 
     @property
     def stack(self) -> str:
         processes = "one process: API + worker" if self.embedded else "api + worker processes"
         pinned = "; Temporal on CPU 0, the rest on CPU 1" if self.pinned else ""
-        return f"{processes}, {self.backend} projection{pinned}"
+        nice = "; Temporal at our priority" if self.same_nice else "; Temporal niced as in dev"
+        return f"{processes}, {self.backend} projection{pinned}{nice}"
 
 
 def args(default_count: int) -> Args:
     words = sys.argv[1:]
-    known = ("sqlite", "postgresql", "embedded", "pinned", "noworker", "httpx")
+    known = ("sqlite", "postgresql", "embedded", "pinned", "noworker", "httpx", "samenice")
     unknown = [w for w in words if not w.isdigit() and w not in known]
     if unknown:
         raise SystemExit(
             f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded] [pinned] "
-            "[noworker] [httpx]"
+            "[noworker] [httpx] [samenice]"
         )
     counts = [int(w) for w in words if w.isdigit()]
     return Args(
@@ -131,6 +134,7 @@ def args(default_count: int) -> Args:
         pinned="pinned" in words,
         no_worker="noworker" in words,
         httpx_client="httpx" in words,
+        same_nice="samenice" in words,
     )
 
 
@@ -212,8 +216,11 @@ class CpuMeter:
 
 
 @contextlib.asynccontextmanager
-async def dev_temporal(data_dir: Path) -> AsyncIterator[WorkflowEnvironment]:
-    """The dev server as `promptjobs dev` runs it: on-disk SQLite with the WAL pragmas."""
+async def dev_temporal(
+    data_dir: Path, *, same_nice: bool = False
+) -> AsyncIterator[WorkflowEnvironment]:
+    """The dev server as `promptjobs dev` runs it: on-disk SQLite with the WAL pragmas, at
+    the niceness of `PROMPTJOBS_TEMPORAL_DEV_NICE`'s default (with `same_nice`, at ours)."""
     env = await WorkflowEnvironment.start_local(
         ip="127.0.0.1",
         port=free_port(),
@@ -223,6 +230,9 @@ async def dev_temporal(data_dir: Path) -> AsyncIterator[WorkflowEnvironment]:
         dev_server_extra_args=DEV_SERVER_ARGS,
         dev_server_log_level="error",
     )
+    if not same_nice:
+        for pid in dev_server_pids():
+            lower_priority(pid, Settings.model_fields["temporal_dev_nice"].default)
     try:
         yield env
     finally:
@@ -240,7 +250,7 @@ async def bench_stack(
         overrides: dict[str, object] = {}
         if args.backend == "postgresql":
             overrides["database_url"] = stack.enter_context(pg_database())
-        async with dev_temporal(data_dir) as env:
+        async with dev_temporal(data_dir, same_nice=args.same_nice) as env:
             if args.pinned:
                 pin_apart()
             yield data_dir, env, overrides

@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     """Temporal Cloud API key, sent as a bearer token (turns TLS on)."""
     temporal_ui_port: int = 8233
     """Port of the Temporal Web UI that `promptjobs dev` starts."""
+    temporal_dev_nice: int = Field(default=10, ge=0, le=19)
+    """The niceness `promptjobs dev` runs its Temporal server at (Linux): on a small machine a
+    burst of workflow starts then yields the cores to the API's requests instead of queueing
+    them (c=32 submit p99 about halved on 2 cores: bench/README.md); the starts catch up as
+    soon as the cores are free. 0: the same priority as the API."""
 
     api_host: str = "127.0.0.1"
     """Address the API listens on (`0.0.0.0` in a container)."""
