@@ -1,10 +1,11 @@
 """Submit latency against `promptjobs dev` itself, as a newcomer runs it: POST /v1/prompts
 p50/p99 at concurrency 1 and 32 while the submitted 2 s fake jobs stream their answers.
 
-    .venv/bin/python -m bench.dev_latency [httpx]
+    .venv/bin/python -m bench.dev_latency [httpx | httpx2]
 
 Starts `promptjobs dev --no-ui` in a scratch folder on free ports, loads it over HTTP from
-this process (aiohttp, keep-alive; `httpx`: an httpx client, as many users' code sends it),
+this process (aiohttp, keep-alive; `httpx`: an httpx client, as many users' code sends it;
+`httpx2`: the fork the `openai` and `anthropic` SDKs send with),
 stops it with Ctrl-C's signal."""
 
 from __future__ import annotations
@@ -18,23 +19,24 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import Report, free_port, ms, percentile, submit_many
+from bench.harness import Report, client_of, free_port, ms, percentile, submit_many
 
 REQUESTS = {1: 300, 32: 960}
 WARMUP = 20
 BODY: dict[str, object] = {"options": {"fake": {"latency_ms": 2000}}}
 PROMPTJOBS = str(Path(sys.executable).parent / "promptjobs")
-WITH_HTTPX = "httpx" in sys.argv[1:]
+CLIENT = client_of(sys.argv[1:])
 
 
 async def main() -> Report:
     report = Report(
         "submit latency against promptjobs dev",
         {
-            "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
+            "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up "
+            "requests and, each phase, as many at once as it has in flight (a warm pool)",
             "adapter": "fake, latency_ms=2000 (streams a word at a time)",
             "stack": "`promptjobs dev --no-ui` as shipped, SQLite, in a scratch folder",
-            "client": ("httpx" if WITH_HTTPX else "aiohttp") + " in the bench process, keep-alive",
+            "client": f"{CLIENT} in the bench process, keep-alive",
         },
     )
     report.start()
@@ -63,7 +65,9 @@ async def main() -> Report:
             ) as http:
                 await submit_many(http, WARMUP, 1, BODY)
                 for concurrency, n in REQUESTS.items():
-                    latencies = await submit_many(http, n, concurrency, BODY, with_httpx=WITH_HTTPX)
+                    latencies = await submit_many(
+                        http, n, concurrency, BODY, client=CLIENT, warm=True
+                    )
                     goal = "p99 < 25 ms" if concurrency == 1 else "p99 < 100 ms"
                     report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
                     report.add(f"c={concurrency} p99", ms(percentile(latencies, 99)), goal)

@@ -13,12 +13,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import httpx
+import httpx2
 from temporalio.testing import WorkflowEnvironment
 
 from promptjobs.launch import DEV_SERVER_ARGS, dev_server_pids, lower_priority
@@ -98,7 +99,8 @@ class Args:
     `pinned` (the Temporal server on CPU 0, everything else on CPU 1: see `pin_apart`);
     `noworker` (no worker runs: the jobs stay queued; `bench.submit_latency` only);
     `httpx` (the load from an httpx client, as many users' code sends it, instead of aiohttp;
-    `bench.submit_latency` and `bench.dev_latency`); `samenice` (the Temporal server at the
+    `bench.submit_latency` and `bench.dev_latency`); `httpx2` (the same from httpx2, the fork
+    the `openai` and `anthropic` SDKs send with); `samenice` (the Temporal server at the
     same priority as our processes, as before `PROMPTJOBS_TEMPORAL_DEV_NICE`)."""
 
     count: int
@@ -106,7 +108,7 @@ class Args:
     embedded: bool
     pinned: bool = False
     no_worker: bool = False
-    httpx_client: bool = False
+    client: str = "aiohttp"
     same_nice: bool = False
 
     @property
@@ -117,14 +119,22 @@ class Args:
         return f"{processes}, {self.backend} projection{pinned}{nice}"
 
 
+CLIENTS = ("aiohttp", "httpx", "httpx2")
+
+
+def client_of(words: Sequence[str]) -> str:
+    """The load's HTTP client named among a bench's arguments (aiohttp unless one is)."""
+    return next((word for word in words if word in CLIENTS), "aiohttp")
+
+
 def args(default_count: int) -> Args:
     words = sys.argv[1:]
-    known = ("sqlite", "postgresql", "embedded", "pinned", "noworker", "httpx", "samenice")
+    known = (*CLIENTS, "sqlite", "postgresql", "embedded", "pinned", "noworker", "samenice")
     unknown = [w for w in words if not w.isdigit() and w not in known]
     if unknown:
         raise SystemExit(
             f"unknown argument(s) {unknown}: expected [COUNT] [postgresql] [embedded] [pinned] "
-            "[noworker] [httpx] [samenice]"
+            "[noworker] [httpx | httpx2] [samenice]"
         )
     counts = [int(w) for w in words if w.isdigit()]
     return Args(
@@ -133,7 +143,7 @@ def args(default_count: int) -> Args:
         embedded="embedded" in words,
         pinned="pinned" in words,
         no_worker="noworker" in words,
-        httpx_client="httpx" in words,
+        client=client_of(words),
         same_nice="samenice" in words,
     )
 
@@ -468,18 +478,29 @@ async def submit_many(
     concurrency: int,
     body: dict[str, object],
     *,
-    with_httpx: bool = False,
+    client: str = "aiohttp",
+    warm: bool = False,
 ) -> list[float]:
     """Submit `n` prompts with `concurrency` in flight; each request's latency in seconds.
 
     The load comes from aiohttp on `http`'s base URL and headers, not from httpx itself: at
     32 in flight httpx's client took more CPU than the API on this 2-core machine and doubled
-    the latencies it reported (bench/README.md). `with_httpx`: from `http` all the same, as
-    a user's httpx code sends it (the client's own CPU then counts in the figures)."""
-    if with_httpx:
-        return await _submit_many_httpx(http, n, concurrency, body)
-    latencies: list[float] = []
-    queue = iter(range(n))
+    the latencies it reported (bench/README.md). `client="httpx"`: from `http` all the same,
+    as a user's httpx code sends it (the client's own CPU then counts in the figures);
+    `"httpx2"`: from an httpx2 client with `http`'s base URL and headers. `warm`: first,
+    `concurrency` submissions at once, not timed (and not counted in `n`), open the client's
+    connections, so the figures are those of a warm pool (a service's steady state), not of
+    its first connects (at 32 in flight those made a 960-request run's p99 on their own)."""
+    if client == "httpx":
+        return await _submit_many_httpx(http, n, concurrency, body, warm)
+    if client == "httpx2":
+        async with httpx2.AsyncClient(
+            base_url=str(http.base_url),
+            headers={"Authorization": http.headers["Authorization"]},
+            timeout=60,
+            limits=httpx2.Limits(max_connections=200, max_keepalive_connections=200),
+        ) as http2:
+            return await _submit_many_httpx(http2, n, concurrency, body, warm)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(
         str(http.base_url),
@@ -487,32 +508,45 @@ async def submit_many(
         connector=connector,
     ) as session:
 
-        async def submitter() -> None:
-            for i in queue:
-                started = time.perf_counter()
-                async with session.post("/v1/prompts", json={**body, "prompt": f"bench {i}"}) as r:
-                    text = await r.text()
-                latencies.append(time.perf_counter() - started)
-                if r.status != 202:
-                    raise RuntimeError(f"submit answered {r.status}: {text}")
+        async def send(prompt: str) -> None:
+            async with session.post("/v1/prompts", json={**body, "prompt": prompt}) as r:
+                text = await r.text()
+            if r.status != 202:
+                raise RuntimeError(f"submit answered {r.status}: {text}")
 
-        await asyncio.gather(*(submitter() for _ in range(concurrency)))
-    return latencies
+        return await _timed(send, n, concurrency, warm)
 
 
 async def _submit_many_httpx(
-    http: httpx.AsyncClient, n: int, concurrency: int, body: dict[str, object]
+    http: httpx.AsyncClient | httpx2.AsyncClient,
+    n: int,
+    concurrency: int,
+    body: dict[str, object],
+    warm: bool,
 ) -> list[float]:
+    async def send(prompt: str) -> None:
+        response = await http.post("/v1/prompts", json={**body, "prompt": prompt})
+        if response.status_code != 202:
+            raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
+
+    return await _timed(send, n, concurrency, warm)
+
+
+async def _timed(
+    send: Callable[[str], Awaitable[None]], n: int, concurrency: int, warm: bool
+) -> list[float]:
+    """`n` sends, `concurrency` at a time, each one's latency in seconds (`warm`: after
+    `concurrency` untimed ones at once)."""
+    if warm:
+        await asyncio.gather(*(send(f"bench warm-up {k}") for k in range(concurrency)))
     latencies: list[float] = []
     queue = iter(range(n))
 
     async def submitter() -> None:
         for i in queue:
             started = time.perf_counter()
-            response = await http.post("/v1/prompts", json={**body, "prompt": f"bench {i}"})
+            await send(f"bench {i}")
             latencies.append(time.perf_counter() - started)
-            if response.status_code != 202:
-                raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
 
     await asyncio.gather(*(submitter() for _ in range(concurrency)))
     return latencies

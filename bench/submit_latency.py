@@ -35,12 +35,12 @@ async def main() -> Report:
     report = Report(
         "submit latency",
         {
-            "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up requests",
+            "requests": f"{REQUESTS} (concurrency: count), after {WARMUP} warm-up "
+            "requests and, each phase, as many at once as it has in flight (a warm pool)",
             "adapter": "fake, latency_ms=2000",
             "stack": f"{ARGS.stack}, dev server on disk (WAL)"
             + ("; no worker (the jobs stay queued)" if ARGS.no_worker else ""),
-            "client": ("httpx" if ARGS.httpx_client else "aiohttp")
-            + " in the bench process, keep-alive",
+            "client": f"{ARGS.client} in the bench process, keep-alive",
         },
     )
     report.start()
@@ -54,7 +54,7 @@ async def main() -> Report:
         await submit_many(http, WARMUP, 1, BODY)
         for concurrency, n in REQUESTS.items():
             meter = CpuMeter()
-            latencies = await submit_many(http, n, concurrency, BODY, with_httpx=ARGS.httpx_client)
+            latencies = await submit_many(http, n, concurrency, BODY, client=ARGS.client, warm=True)
             report.add(f"c={concurrency} CPU", meter.per(n, "submit"))
             goal = "p99 < 25 ms (seed: < 100 ms)" if concurrency == 1 else "seed: p99 < 100 ms"
             report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
