@@ -100,6 +100,35 @@ async def test_concurrent_retries_with_one_key_make_one_job(stack: Stack) -> Non
     assert len({r.json()["job_id"] for r in responses}) == 1
 
 
+async def test_a_replayed_key_among_new_ones_answers_each_submit_its_own(stack: Stack) -> None:
+    # A used key is told at the insert: the replay fails the transaction it shares with the
+    # others (a group commit), whose submits must each still get their own new job.
+    used = await stack.http.post(
+        "/v1/prompts", json={"prompt": "first"}, headers={"Idempotency-Key": "used"}
+    )
+    assert used.status_code == 202, used.text
+
+    async def submit(key: str, prompt: str) -> httpx.Response:
+        return await stack.http.post(
+            "/v1/prompts", json={"prompt": prompt}, headers={"Idempotency-Key": key}
+        )
+
+    fresh = [submit(f"new-{i}", f"new {i}") for i in range(24)]
+    replays = [submit("used", "first") for _ in range(4)]
+    conflicting = submit("used", "another body")
+    answers = await asyncio.gather(*fresh, *replays, conflicting)
+
+    new, replayed, conflict = answers[:24], answers[24:28], answers[28]
+    assert [r.status_code for r in new + replayed] == [202] * 28
+    assert not any("idempotent-replayed" in r.headers for r in new)
+    assert len({r.json()["job_id"] for r in new}) == 24
+    assert {r.json()["job_id"] for r in replayed} == {used.json()["job_id"]}
+    assert all(r.headers["idempotent-replayed"] == "true" for r in replayed)
+    assert_problem(conflict, 422, "idempotency_key_reused")
+    listing = (await stack.http.get("/v1/jobs", params={"since": "0", "limit": 100})).json()
+    assert len(listing["jobs"]) == 25
+
+
 async def test_same_idempotency_key_with_another_body_is_422(stack: Stack) -> None:
     headers = {"Idempotency-Key": "order-43"}
     assert (
