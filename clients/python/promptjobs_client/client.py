@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
-import httpx
-from httpx_sse import ServerSentEvent, aconnect_sse, connect_sse
+import httpx2
+from httpx2 import ServerSentEvent
 from pydantic import BaseModel, ValidationError
 
 from promptjobs_client.models import (
@@ -157,7 +157,7 @@ class RetryPolicy:
     initial_s: float = 0.5
     maximum_s: float = 30.0
 
-    def delay(self, retry: int, response: httpx.Response | None) -> float | None:
+    def delay(self, retry: int, response: httpx2.Response | None) -> float | None:
         """Seconds before retry number `retry` (0-based), or None: give up."""
         if retry >= self.max_retries:
             return None
@@ -167,7 +167,7 @@ class RetryPolicy:
         return float(min(self.maximum_s, self.initial_s * 2**retry))
 
 
-def retry_after(response: httpx.Response) -> float | None:
+def retry_after(response: httpx2.Response) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -283,7 +283,7 @@ def retry_call(
     return action_call(job_id, "retry", body or None)
 
 
-def api_error(response: httpx.Response) -> APIError:
+def api_error(response: httpx2.Response) -> APIError:
     problem = None
     if response.headers.get("content-type", "").startswith(PROBLEM_JSON):
         try:
@@ -296,7 +296,7 @@ def api_error(response: httpx.Response) -> APIError:
     return APIError(response.status_code, "http_error", text, None)
 
 
-def parsed(response: httpx.Response, model: type[M]) -> M:
+def parsed(response: httpx2.Response, model: type[M]) -> M:
     if response.is_error:
         raise api_error(response)
     return model.model_validate_json(response.content)
@@ -375,6 +375,11 @@ class EventDecoder:
         return None
 
 
+def sse_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A stream's request headers: `headers`, and what asks for a stream no cache keeps."""
+    return {**headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
+
+
 def sse_params(since: str | None, job_id: str | None, prompt_id: str | None) -> dict[str, str]:
     params = {"since": since, "job_id": job_id, "prompt_id": prompt_id}
     return {k: v for k, v in params.items() if v is not None}
@@ -395,7 +400,7 @@ def is_terminal(job: JobOut) -> bool:
 CALLER_ERRORS = frozenset({400, 401, 403, 404, 409, 422})
 
 
-def stream_problem(response: httpx.Response) -> PromptJobsError | None:
+def stream_problem(response: httpx2.Response) -> PromptJobsError | None:
     """What is wrong with an answer to GET /v1/events, or None if it is a stream. Call only
     after reading the body of an error answer."""
     kind = response.headers.get("content-type", "")
@@ -441,7 +446,7 @@ class PromptJobs:
         self.base_url, headers = connection_settings(base_url, api_key)
         self.retry_policy = retry or RetryPolicy()
         self.poll_interval_s = poll_interval_s
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._http = httpx2.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def close(self) -> None:
         self._http.close()
@@ -452,15 +457,15 @@ class PromptJobs:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _send(self, call: Call) -> httpx.Response:
+    def _send(self, call: Call) -> httpx2.Response:
         retry = 0
         while True:
             try:
                 response = self._http.request(
                     call.method, call.path, params=call.params, json=call.json, headers=call.headers
                 )
-            except httpx.TransportError as err:
-                if not (call.replayable or isinstance(err, httpx.ConnectError)):
+            except httpx2.TransportError as err:
+                if not (call.replayable or isinstance(err, httpx2.ConnectError)):
                     raise unreachable(self.base_url, err) from err
                 wait = self.retry_policy.delay(retry, None)
                 if wait is None:
@@ -613,7 +618,7 @@ class PromptJobs:
         retry = 0
         end = JobStreamEnd(job_id)
         while until is None or time.monotonic() < until:
-            headers = {"Last-Event-ID": cursor} if cursor is not None else {}
+            headers = sse_headers({"Last-Event-ID": cursor} if cursor is not None else {})
             params = sse_params(None if cursor is not None else since, job_id, prompt_id)
             # The server pings an idle stream every few seconds; silence this long is a dead
             # link (and a deadline is checked at least this often).
@@ -622,12 +627,11 @@ class PromptJobs:
                 if until is None
                 else max(0.1, min(SILENT_STREAM_S, until - time.monotonic()))
             )
-            timeout = httpx.Timeout(self._http.timeout.connect, read=read)
+            timeout = httpx2.Timeout(self._http.timeout.connect, read=read)
             try:
-                with connect_sse(
-                    self._http, "GET", "/v1/events", params=params, headers=headers, timeout=timeout
-                ) as source:
-                    response = source.response
+                with self._http.stream(
+                    "GET", "/v1/events", params=params, headers=headers, timeout=timeout
+                ) as response:
                     if response.status_code in RETRY_STATUSES:
                         response.read()
                         wait = self.retry_policy.delay(retry, response)
@@ -656,7 +660,7 @@ class PromptJobs:
                         yield sse
                     if end.over:
                         return  # the server ends a job's stream once the job is over
-            except httpx.TransportError as err:
+            except httpx2.TransportError as err:
                 if until is not None and time.monotonic() >= until:
                     return
                 wait = self.retry_policy.delay(retry, None)
@@ -779,7 +783,7 @@ class AsyncPromptJobs:
         self.base_url, headers = connection_settings(base_url, api_key)
         self.retry_policy = retry or RetryPolicy()
         self.poll_interval_s = poll_interval_s
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._http = httpx2.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -790,15 +794,15 @@ class AsyncPromptJobs:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _send(self, call: Call) -> httpx.Response:
+    async def _send(self, call: Call) -> httpx2.Response:
         retry = 0
         while True:
             try:
                 response = await self._http.request(
                     call.method, call.path, params=call.params, json=call.json, headers=call.headers
                 )
-            except httpx.TransportError as err:
-                if not (call.replayable or isinstance(err, httpx.ConnectError)):
+            except httpx2.TransportError as err:
+                if not (call.replayable or isinstance(err, httpx2.ConnectError)):
                     raise unreachable(self.base_url, err) from err
                 wait = self.retry_policy.delay(retry, None)
                 if wait is None:
@@ -933,16 +937,15 @@ class AsyncPromptJobs:
         retry = 0
         end = JobStreamEnd(job_id)
         while True:
-            headers = {"Last-Event-ID": cursor} if cursor is not None else {}
+            headers = sse_headers({"Last-Event-ID": cursor} if cursor is not None else {})
             params = sse_params(None if cursor is not None else since, job_id, prompt_id)
             # The server pings an idle stream every few seconds; silence this long is a dead
             # link, dropped and resumed like any other.
-            timeout = httpx.Timeout(self._http.timeout.connect, read=SILENT_STREAM_S)
+            timeout = httpx2.Timeout(self._http.timeout.connect, read=SILENT_STREAM_S)
             try:
-                async with aconnect_sse(
-                    self._http, "GET", "/v1/events", params=params, headers=headers, timeout=timeout
-                ) as source:
-                    response = source.response
+                async with self._http.stream(
+                    "GET", "/v1/events", params=params, headers=headers, timeout=timeout
+                ) as response:
                     if response.status_code in RETRY_STATUSES:
                         await response.aread()
                         wait = self.retry_policy.delay(retry, response)
@@ -956,7 +959,7 @@ class AsyncPromptJobs:
                     problem = stream_problem(response)
                     if problem is not None:
                         raise problem
-                    async for sse in source.aiter_sse():
+                    async for sse in httpx2.EventSource(response):
                         if not sse.id:
                             continue
                         retry = 0
@@ -965,7 +968,7 @@ class AsyncPromptJobs:
                         yield sse
                     if end.over:
                         return  # the server ends a job's stream once the job is over
-            except httpx.TransportError as err:
+            except httpx2.TransportError as err:
                 wait = self.retry_policy.delay(retry, None)
                 if wait is None:
                     raise unreachable(self.base_url, err) from err
