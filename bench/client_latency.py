@@ -11,7 +11,6 @@ measured, so an older client can be compared in one sitting:
 from __future__ import annotations
 
 import asyncio
-import time
 
 import promptjobs_client
 from promptjobs_client import AsyncPromptJobs
@@ -25,31 +24,13 @@ from bench.harness import (
     percentile,
     service,
     target,
+    timed,
     wait_for_pollers,
 )
 
 ARGS = args(default_count=960)
 REQUESTS = {1: 300, 32: ARGS.count}
 OPTIONS = {"fake": {"latency_ms": 2000}}
-
-
-async def submit_many(client: AsyncPromptJobs, n: int, concurrency: int) -> list[float]:
-    """`n` submissions, `concurrency` in flight, each one's latency in seconds; first as many
-    at once as will be in flight, untimed (a warm pool, as `bench.submit_latency` measures)."""
-    await asyncio.gather(
-        *(client.submit(f"warm-up {k}", options=OPTIONS) for k in range(concurrency))
-    )
-    latencies: list[float] = []
-    queue = iter(range(n))
-
-    async def submitter() -> None:
-        for i in queue:
-            started = time.perf_counter()
-            await client.submit(f"bench {i}", options=OPTIONS)
-            latencies.append(time.perf_counter() - started)
-
-    await asyncio.gather(*(submitter() for _ in range(concurrency)))
-    return latencies
 
 
 async def main() -> Report:
@@ -73,7 +54,11 @@ async def main() -> Report:
         async with AsyncPromptJobs(svc.base_url, key) as client:
             for concurrency, n in REQUESTS.items():
                 meter = CpuMeter()
-                latencies = await submit_many(client, n, concurrency)
+
+                async def send(prompt: str) -> None:
+                    await client.submit(prompt, options=OPTIONS)
+
+                latencies = await timed(send, n, concurrency, warm=True)
                 report.add(f"c={concurrency} CPU", meter.per(n, "submit"))
                 report.add(f"c={concurrency} p50", ms(percentile(latencies, 50)))
                 goal = "p99 < 25 ms" if concurrency == 1 else "p99 < 100 ms"

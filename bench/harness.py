@@ -514,7 +514,7 @@ async def submit_many(
             if r.status != 202:
                 raise RuntimeError(f"submit answered {r.status}: {text}")
 
-        return await _timed(send, n, concurrency, warm)
+        return await timed(send, n, concurrency, warm)
 
 
 async def _submit_many_httpx(
@@ -529,10 +529,10 @@ async def _submit_many_httpx(
         if response.status_code != 202:
             raise RuntimeError(f"submit answered {response.status_code}: {response.text}")
 
-    return await _timed(send, n, concurrency, warm)
+    return await timed(send, n, concurrency, warm)
 
 
-async def _timed(
+async def timed(
     send: Callable[[str], Awaitable[None]], n: int, concurrency: int, warm: bool
 ) -> list[float]:
     """`n` sends, `concurrency` at a time, each one's latency in seconds (`warm`: after

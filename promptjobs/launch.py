@@ -97,6 +97,7 @@ async def start_dev_temporal(
             host, settings.temporal_ui_port, "Temporal Web UI", "PROMPTJOBS_TEMPORAL_UI_PORT"
         )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    others = set(dev_server_pids())
     with _env_without_otel():
         env = await WorkflowEnvironment.start_local(
             interceptors=interceptors,
@@ -111,7 +112,7 @@ async def start_dev_temporal(
             dev_server_extra_args=DEV_SERVER_ARGS,
             dev_server_log_level="error",
         )
-    for pid in dev_server_pids():
+    for pid in set(dev_server_pids()) - others:
         lower_priority(pid, settings.temporal_dev_nice)
     return env
 
