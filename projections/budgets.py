@@ -36,8 +36,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row, Select, delete, func, or_, select, text, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections import spend
@@ -45,7 +43,7 @@ from projections.domain import budgets as rules
 from projections.domain.budgets import Limits
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import JobState
-from projections.group_commit import GroupCommit, WriteTx
+from projections.group_commit import GroupCommit, WriteTx, dialect_insert
 from projections.models import Base, BudgetDraw, BudgetWaiter, Job, OrgLimit, ProviderBudget
 
 JOBS = Base.metadata.tables[Job.__tablename__]
@@ -464,9 +462,8 @@ def drawn_after(
 
 
 def _ensure(tx: WriteTx, budget: str, now: datetime) -> None:
-    dialect_insert = pg_insert if tx.postgresql else sqlite_insert
     tx.execute(
-        dialect_insert(BUDGETS)
+        dialect_insert(BUDGETS, postgresql=tx.postgresql)
         .values(name=budget, updated_at=now, rate_limited=0)
         .on_conflict_do_nothing()
     )

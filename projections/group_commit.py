@@ -22,9 +22,12 @@ from sqlalchemy import (
     Connection,
     Engine,
     Executable,
+    Table,
     text,
 )
 from sqlalchemy import create_engine as sa_create_engine
+from sqlalchemy.dialects import postgresql as pg
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -58,6 +61,12 @@ class EventIdBehind(Exception):
 
 # A write refused as EventIdBehind is run again this many times, each in a new transaction.
 BEHIND_RETRIES = 5
+
+
+def dialect_insert(table: Table, *, postgresql: bool) -> pg.Insert | sqlite.Insert:
+    """An INSERT in the database's own dialect: the one that can say what a conflict does
+    (`on_conflict_do_nothing`, `on_conflict_do_update`)."""
+    return pg.insert(table) if postgresql else sqlite.insert(table)
 
 
 class WriteTx:

@@ -13,8 +13,6 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Integer, Row, bindparam, func, select, text, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections import budgets, webhooks
@@ -31,7 +29,7 @@ from projections.domain.lifecycle import (
     sources_of,
 )
 from projections.event_log import append_event, prepared, utcnow
-from projections.group_commit import GroupCommit, WriteTx
+from projections.group_commit import GroupCommit, WriteTx, dialect_insert
 from projections.models import Base, Job, Prompt, Response
 from projections.streams import (
     AttemptUsage,
@@ -525,9 +523,13 @@ class Projector:
                 "created_at": now,
                 **response_columns(response),
             }
-            dialect_insert = pg_insert if tx.postgresql else sqlite_insert
             statement = prepared(
-                tx, ("insert_response",), lambda: dialect_insert(RESPONSES).on_conflict_do_nothing()
+                tx,
+                ("insert_response",),
+                # Built once per process and dialect (prepared), not at every answer.
+                lambda: dialect_insert(
+                    RESPONSES, postgresql=tx.postgresql
+                ).on_conflict_do_nothing(),
             )
             statement.run(tx, values)
             return replace(_applied(job), waiting_children=_waiting_children(tx, job.prompt_id))

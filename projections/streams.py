@@ -12,13 +12,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Integer, bindparam, case, insert, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from projections import spend
 from projections.domain.lifecycle import OUTPUT_STATES, TERMINAL, EventType, JobState
 from projections.event_log import append_event, log_event, log_events, prepared
-from projections.group_commit import WriteTx
+from projections.group_commit import WriteTx, dialect_insert
 from projections.models import AttemptRecord, Base, Job, JobOutput
 from projections.rows import job_row
 
@@ -253,8 +251,8 @@ def _reset_statement() -> Any:
 
 
 def _record_statement(postgresql: bool) -> Any:
-    dialect_insert = pg_insert if postgresql else sqlite_insert
-    return dialect_insert(ATTEMPTS).on_conflict_do_nothing().returning(ATTEMPTS.c.job_id)
+    insert_attempt = dialect_insert(ATTEMPTS, postgresql=postgresql)
+    return insert_attempt.on_conflict_do_nothing().returning(ATTEMPTS.c.job_id)
 
 
 def _add_usage_statement() -> Any:

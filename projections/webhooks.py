@@ -23,15 +23,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, insert, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from projections.domain.errors import Refused
 from projections.domain.lifecycle import JobState
 from projections.errors import NotFound
 from projections.event_log import prepared, utcnow
-from projections.group_commit import GroupCommit, WriteTx
+from projections.group_commit import GroupCommit, WriteTx, dialect_insert
 from projections.models import (
     Base,
     BatchLine,
@@ -390,9 +388,9 @@ class Webhooks:
         row = {"org": org, "secret": new_secret(), "created_at": now, "updated_at": now}
 
         def write(tx: WriteTx) -> None:
-            dialect_insert = pg_insert if tx.postgresql else sqlite_insert
             # Two first uses at once: one secret, the first written.
-            tx.execute(dialect_insert(SIGNING).values(row).on_conflict_do_nothing())
+            first = dialect_insert(SIGNING, postgresql=tx.postgresql).values(row)
+            tx.execute(first.on_conflict_do_nothing())
 
         await self.writes.run(write)
         async with self.sessions() as session:

@@ -6,11 +6,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from projections.group_commit import GroupCommit, WriteTx
+from projections.group_commit import GroupCommit, WriteTx, dialect_insert
 from projections.models import Base, WorkerProcess
 
 WORKERS = Base.metadata.tables[WorkerProcess.__tablename__]
@@ -41,8 +39,9 @@ class WorkerRegistry:
         beat = {"heartbeat_at": now, "config": config, "stopped_at": now if stopped else None}
 
         def write(tx: WriteTx) -> None:
-            dialect_insert = pg_insert if tx.postgresql else sqlite_insert
-            row = dialect_insert(WORKERS).values(identity=identity, started_at=started_at, **beat)
+            row = dialect_insert(WORKERS, postgresql=tx.postgresql).values(
+                identity=identity, started_at=started_at, **beat
+            )
             tx.execute(row.on_conflict_do_update(index_elements=["identity"], set_=beat))
 
         await self.writes.run(write)
