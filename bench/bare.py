@@ -31,16 +31,17 @@ async def echo(text: str, sleep_s: float) -> str:
 
 
 # The parts of our job's workflow that ask more of the server than one activity does, each
-# of which `bench.shape` adds alone: its three patches (each a marker, and an upsert of
-# TemporalChangeVersion by the SDK); a heartbeat timeout and a schedule-to-close on the
-# activity; its state upserted at the end; and, at the start, our search attributes and a
-# priority and fairness key.
-PATCHES = "patches"
+# of which `bench.shape` adds alone: its patch (a marker, and an upsert of
+# TemporalChangeVersion by the SDK; workflows started before `patches-2026-12` took four);
+# a heartbeat timeout and a schedule-to-close on the activity; its state upserted at the
+# end; and, at the start, our search attributes and a priority and fairness key.
+ONE_PATCH = "one patch"
+FOUR_PATCHES = "four patches"
 TIMEOUTS = "timeouts"
 FINAL_UPSERT = "final upsert"
 START_ATTRIBUTES = "start attributes"
 PRIORITY = "priority"
-OUR_SHAPE = (PATCHES, TIMEOUTS, FINAL_UPSERT, START_ATTRIBUTES, PRIORITY)
+OUR_SHAPE = (ONE_PATCH, TIMEOUTS, FINAL_UPSERT, START_ATTRIBUTES, PRIORITY)
 
 
 @workflow.defn
@@ -51,8 +52,10 @@ class BareWorkflow:
     @workflow.run
     async def run(self, text: str, sleep_s: float, shape: list[str] | None = None) -> str:
         shape = shape or []
-        if PATCHES in shape:
-            for patch in ("one", "two", "three"):
+        if ONE_PATCH in shape:
+            workflow.patched("one")
+        if FOUR_PATCHES in shape:
+            for patch in ("one", "two", "three", "four"):
                 workflow.patched(patch)
         timeouts = TIMEOUTS in shape
         result = await workflow.execute_activity(

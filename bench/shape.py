@@ -2,7 +2,7 @@
 of ours running.
 
 Bare Temporal's one-activity workflow (bench/bare.py), then the same with each part of our
-job's workflow alone (its patches, the activity's timeouts, the final upsert, the search
+job's workflow alone (its patch, the activity's timeouts, the final upsert, the search
 attributes and the priority key it starts with), then with all of them: jobs/s and whose CPU
 per job. Two rounds, the second in reverse order, so the dev server's database growing over
 the run weighs on every variant alike. [JOBS] [pinned]"""
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from bench.bare import OUR_SHAPE, bare_temporal
+from bench.bare import FOUR_PATCHES, ONE_PATCH, OUR_SHAPE, bare_temporal
 from bench.harness import Report, args, bench_stack
 
 ARGS = args(default_count=1000)
@@ -23,6 +23,9 @@ VARIANTS: list[tuple[str, Sequence[str]]] = [
     ("plain", ()),
     *[(part, (part,)) for part in OUR_SHAPE],
     ("our whole shape", OUR_SHAPE),
+    # As workflows started before `patches-2026-12` are: a marker for each of four patches.
+    (FOUR_PATCHES, (FOUR_PATCHES,)),
+    ("our whole shape, four patches", (*(p for p in OUR_SHAPE if p != ONE_PATCH), FOUR_PATCHES)),
 ]
 
 

@@ -37,7 +37,7 @@ from workflows.retention import RetentionWorkflow
 HISTORIES = Path(__file__).parent / "histories"
 RETENTION_HISTORIES = HISTORIES / "retention"
 WEBHOOK_HISTORIES = HISTORIES / "webhook_delivery"
-VERSION = "v9"
+VERSION = "v10"
 # ProviderBatchWorkflow's runs, recorded with the deferrable scenarios.
 PROVIDER_BATCH_HISTORIES = HISTORIES / "provider_batch"
 

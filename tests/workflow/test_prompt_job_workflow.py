@@ -253,6 +253,10 @@ async def test_a_quick_job_costs_one_activity_and_no_signal(harness: Harness) ->
     types = [EventType.Name(event.event_type) for event in history.events]
     assert types.count("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED") == 1
     assert "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED" not in types
+    # One patch marker (patches-2026-12 stands for every earlier patch), not one per patch:
+    # each is an event and a search attribute upsert the Temporal server pays for.
+    assert types.count("EVENT_TYPE_MARKER_RECORDED") == 1
+    assert len(types) == 14, types
     # The response text lives in the projection only, not in workflow history.
     recorded = b"".join(event.SerializeToString() for event in history.events)
     assert fake_output("Write a haiku").encode() not in recorded
