@@ -23,7 +23,8 @@ from projections.errors import database_unavailable
 from projections.store import JobStore
 from projections.webhooks import OUTBOX
 from services.priority import fairness_key
-from workflows.webhook_delivery import WebhookDeliveryInput, WebhookDeliveryWorkflow
+from workflows.contracts import WebhookDeliveryInput
+from workflows.webhook_delivery import WebhookDeliveryWorkflow
 
 log = logging.getLogger("promptjobs.webhooks")
 

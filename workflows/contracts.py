@@ -1,4 +1,5 @@
-"""The dataclasses that cross Temporal between the job's starter (the API) and PromptJobWorkflow.
+"""The dataclasses that cross Temporal between the starters (the API, the projection's
+commits) and the workflows, and the one PromptJobWorkflow keeps for itself (`Direct`).
 
 They live outside workflows/prompt_job.py so that the workflow sandbox passes them through
 instead of re-creating them for every workflow run (building a dataclass is not cheap, and
@@ -51,3 +52,26 @@ class ProviderBatchInput:
     batch_id: str
     # How long between two looks at the provider's status.
     poll_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Direct:
+    """How a job's direct attempts begin: `made` attempts before them, `spared` of which
+    are not charged; `via`: why a deferrable job runs directly (its attempt records say).
+    The workflow's own: it never crosses Temporal."""
+
+    made: int
+    spared: int = 0
+    via: str = ""
+
+
+@dataclass(frozen=True)
+class WebhookDeliveryInput:
+    delivery_id: str
+    # The wait before the second try (PROMPTJOBS_WEBHOOK_FIRST_RETRY_S); each next is three
+    # times longer, up to `longest_wait_s` (PROMPTJOBS_WEBHOOK_LONGEST_WAIT_S).
+    first_retry_s: float = 5.0
+    longest_wait_s: float = 6 * 60 * 60.0
+    # The receiver's read timeout (PROMPTJOBS_WEBHOOK_TIMEOUT_S): a try lost with its worker
+    # is made again once this and the records' time have passed.
+    timeout_s: float = 10.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
         JobState,
         kind_of_error_type,
     )
-    from workflows.contracts import PromptJobInput, PromptJobResult
+    from workflows.contracts import Direct, PromptJobInput, PromptJobResult
 
 # Projection writes are short and must land: retry them until they do.
 PROJECTION_RETRY = RetryPolicy(
@@ -448,16 +447,6 @@ class PromptJobWorkflow:
             retry_policy=PROJECTION_RETRY,
         )
         return settled
-
-
-@dataclass(frozen=True)
-class Direct:
-    """How a job's direct attempts begin: `made` attempts before them, `spared` of which
-    are not charged; `via`: why a deferrable job runs directly (its attempt records say)."""
-
-    made: int
-    spared: int = 0
-    via: str = ""
 
 
 def job_failure(kind: ErrorKind, message: str) -> ApplicationError:

@@ -9,7 +9,6 @@ nothing: the next try comes when it is due, with the same `webhook-id` and body.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
@@ -18,25 +17,14 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from activities.webhooks import WebhookActivities
+    from workflows.contracts import WebhookDeliveryInput
 
-# The delivery schedule: Standard Webhooks' exponential backoff, bounded by three days.
+# The delivery schedule: Standard Webhooks' exponential backoff (up to the input's longest
+# wait, 6 h unless set), bounded by three days.
 BACKOFF = 3.0
-LONGEST_WAIT = timedelta(hours=6)
 FOR = timedelta(days=3)
 # The records around a try, besides the receiver's own timeouts.
 RECORDS = timedelta(seconds=10)
-
-
-@dataclass(frozen=True)
-class WebhookDeliveryInput:
-    delivery_id: str
-    # The wait before the second try (PROMPTJOBS_WEBHOOK_FIRST_RETRY_S); each next is three
-    # times longer, up to `longest_wait_s` (PROMPTJOBS_WEBHOOK_LONGEST_WAIT_S).
-    first_retry_s: float = 5.0
-    longest_wait_s: float = LONGEST_WAIT.total_seconds()
-    # The receiver's read timeout (PROMPTJOBS_WEBHOOK_TIMEOUT_S): a try lost with its worker
-    # is made again once this and the records' time have passed.
-    timeout_s: float = 10.0
 
 
 @workflow.defn

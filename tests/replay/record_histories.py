@@ -352,7 +352,8 @@ async def _record_webhook_gave_up() -> None:
     from projections.event_log import utcnow
     from projections.webhooks import JOB_WEBHOOKS, enqueue
     from promptjobs.wiring import open_projection
-    from workflows.webhook_delivery import WebhookDeliveryInput, WebhookDeliveryWorkflow
+    from workflows.contracts import WebhookDeliveryInput
+    from workflows.webhook_delivery import WebhookDeliveryWorkflow
 
     server = which("temporal-test-server") or str(
         Path(temporal_cli()).parent / "temporal-test-server"
