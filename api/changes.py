@@ -25,6 +25,10 @@ log = logging.getLogger("promptjobs.api")
 
 # Events the reader takes from the log per query; a burst larger than this is read in turns.
 READ_BATCH = 500
+# Streams woken per turn of the event loop after a read. Woken all at once, hundreds of
+# streams writing their frames hold the loop for milliseconds, and each step of a request
+# (a submit takes several) waits behind them all; in turns, requests go in between.
+WAKE_TURN = 25
 
 ReadAfter = Callable[[int, int], Awaitable[list[JobEvent]]]
 NewestId = Callable[[], Awaitable[int]]
@@ -137,12 +141,15 @@ class Subscription:
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def offer(self, events: list[LiveEvent]) -> bool:
-        """Queue `events`; False (and nothing queued) if that would pass the limit."""
+        """Queue `events` (`wake` then tells the stream); False (and nothing queued) if
+        that would pass the limit."""
         if len(self._queue) + len(events) > self.limit:
             return False
         self._queue.extend(events)
-        self._ready.set()
         return True
+
+    def wake(self) -> None:
+        self._ready.set()
 
     def end(self, why: Ended) -> None:
         if self.ended is None:
@@ -399,7 +406,12 @@ class ChangeFeed:
                 log.warning("event stream reader cannot read the event log: %s", err)
                 batch = []
             if batch:
-                self._deliver(batch)
+                woken = self._deliver(batch)
+                for turn in range(0, len(woken), WAKE_TURN):
+                    if turn:
+                        await asyncio.sleep(0)
+                    for sub in woken[turn : turn + WAKE_TURN]:
+                        sub.wake()
             if loop.time() >= next_key_check:
                 await self._end_revoked()
                 next_key_check = loop.time() + self.key_check_s
@@ -411,9 +423,9 @@ class ChangeFeed:
             except TimeoutError:
                 pass
 
-    def _deliver(self, rows: list[JobEvent]) -> None:
-        """Hand each event to the streams it concerns; synchronous, so `position` and the
-        queues move together."""
+    def _deliver(self, rows: list[JobEvent]) -> list[Subscription]:
+        """Queue each event for the streams it concerns, and return those streams, to be
+        woken; synchronous, so `position` and the queues move together."""
         touched: dict[Subscription, list[LiveEvent]] = {}
         everywhere = self._routes.get(None)
         for row in rows:
@@ -425,10 +437,14 @@ class ChangeFeed:
                     if sub.scope.matches(event):
                         touched.setdefault(sub, []).append(event)
         self.position = rows[-1].id
+        woken = []
         for sub, events in touched.items():
-            if not sub.offer(events):
+            if sub.offer(events):
+                woken.append(sub)
+            else:
                 sub.end(Ended.OVERFLOW)
                 self.unsubscribe(sub)
+        return woken
 
     async def _end_revoked(self) -> None:
         assert self._live_keys is not None

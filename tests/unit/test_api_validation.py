@@ -3,6 +3,7 @@ the change feed."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import fields
 from typing import Any
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from activities.adapters.base import AdapterRegistry
 from activities.adapters.fake import FakeAdapter
-from api.changes import ChangeFeed, StreamScope
+from api.changes import WAKE_TURN, ChangeFeed, StreamScope, Subscription
 from api.openapi import exact_openapi
 from api.problems import CURSOR_HINT, PROBLEM_JSON, validation_problem
 from api.routes import events, health, jobs, prompts, responses
@@ -145,6 +146,43 @@ async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_th
     feed.unsubscribe(bob)
     # With no stream left, the reader stops by itself.
     await eventually(reading, lambda active: not active)
+
+
+async def test_a_fan_out_wakes_its_streams_in_turns_and_each_gets_every_event() -> None:
+    # Hundreds of streams woken at once would hold the event loop until each had written;
+    # in turns of WAKE_TURN, the loop's other work (a submit's next step) runs in between.
+    feed = ChangeFeed(poll_interval_s=0.01)
+    log: list[JobEvent] = []
+
+    async def read_after(after: int, limit: int) -> list[JobEvent]:
+        return [e for e in log if e.id > after][:limit]
+
+    async def newest() -> int:
+        return log[-1].id if log else 0
+
+    async def live(keys: set[str]) -> set[str]:
+        return keys
+
+    feed.attach(read_after, newest, live)
+    subs = [await feed.subscribe(StreamScope("acme"), f"k{i}") for i in range(3 * WAKE_TURN)]
+    served: list[list[int]] = []
+
+    async def stream(sub: Subscription) -> None:
+        served.append([e.id for e in await sub.take(5)])
+
+    streams = [asyncio.create_task(stream(sub)) for sub in subs]
+    await asyncio.sleep(0)  # every stream waits for its events
+    log.extend([_event(1, "acme"), _event(2, "acme")])
+    feed.notify()
+    seen: list[int] = []  # how many streams were served each time this task ran
+    while len(served) < len(subs):
+        await asyncio.sleep(0)
+        seen.append(len(served))
+    await asyncio.gather(*streams)
+    assert served == [[1, 2]] * len(subs)
+    assert any(0 < n < len(subs) for n in seen), seen
+    for sub in subs:
+        feed.unsubscribe(sub)
 
 
 def test_every_attempt_result_field_reaches_the_api_response() -> None:
