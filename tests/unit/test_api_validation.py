@@ -119,9 +119,9 @@ def _event(event_id: int, org: str, author: str = "alice") -> JobEvent:
     )  # fmt: skip
 
 
-async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_them() -> None:
+def _feed_over(log: list[JobEvent]) -> ChangeFeed:
+    """A change feed whose reader reads `log` (every API key stands)."""
     feed = ChangeFeed(poll_interval_s=0.01)
-    log: list[JobEvent] = []
 
     async def read_after(after: int, limit: int) -> list[JobEvent]:
         return [e for e in log if e.id > after][:limit]
@@ -132,10 +132,17 @@ async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_th
     async def live(keys: set[str]) -> set[str]:
         return keys
 
+    feed.attach(read_after, newest, live)
+    return feed
+
+
+async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_them() -> None:
+    log: list[JobEvent] = []
+    feed = _feed_over(log)
+
     async def reading() -> bool:
         return feed.reading_now
 
-    feed.attach(read_after, newest, live)
     acme = await feed.subscribe(StreamScope("acme"), "k1")
     bob = await feed.subscribe(StreamScope("acme", author="bob"), "k2")
     # Another process commits: nobody calls notify(), the reader's poll finds them.
@@ -151,19 +158,8 @@ async def test_change_feed_reader_finds_commits_it_was_not_told_of_and_routes_th
 async def test_a_fan_out_wakes_its_streams_in_turns_and_each_gets_every_event() -> None:
     # Hundreds of streams woken at once would hold the event loop until each had written;
     # in turns of WAKE_TURN, the loop's other work (a submit's next step) runs in between.
-    feed = ChangeFeed(poll_interval_s=0.01)
     log: list[JobEvent] = []
-
-    async def read_after(after: int, limit: int) -> list[JobEvent]:
-        return [e for e in log if e.id > after][:limit]
-
-    async def newest() -> int:
-        return log[-1].id if log else 0
-
-    async def live(keys: set[str]) -> set[str]:
-        return keys
-
-    feed.attach(read_after, newest, live)
+    feed = _feed_over(log)
     subs = [await feed.subscribe(StreamScope("acme"), f"k{i}") for i in range(3 * WAKE_TURN)]
     served: list[list[int]] = []
 
