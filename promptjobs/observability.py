@@ -150,6 +150,7 @@ def worker_config(settings: Settings) -> dict[str, Any]:
         "temporal_address": settings.temporal_address,
         "max_concurrent_activities": settings.worker_max_concurrent_activities,
         "max_concurrent_workflow_tasks": settings.worker_max_concurrent_workflow_tasks,
+        "workflow_sandbox": settings.worker_workflow_sandbox,
         "heartbeat_timeout_s": settings.heartbeat_timeout_s,
         "shutdown_grace_s": settings.shutdown_grace_s,
         "default_provider": settings.provider_default,

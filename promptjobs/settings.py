@@ -129,6 +129,13 @@ class Settings(BaseSettings):
     """Activities (adapter calls and projection writes) one worker runs at once."""
     worker_max_concurrent_workflow_tasks: int = Field(default=100, ge=2)
     """Workflow tasks one worker runs at once."""
+    worker_workflow_sandbox: Literal["shared", "strict"] = "shared"
+    """How Temporal's sandbox loads our workflow modules. `shared`: once per worker, shared
+    by every workflow run (their code holds no state between runs); the sandbox still
+    restricts builtins and what workflow code imports as it runs, but not the calls a module
+    makes through its own imports (`datetime.now()` would run unnoticed). `strict`: afresh
+    for every run, every check on; the test suite runs so, and it costs a worker ~4 ms of
+    CPU per job (docs/decisions.md)."""
     worker_report_running_after_s: float = Field(default=5.0, ge=0)
     """How long an attempt runs before it shows as running in its workflow's search attributes
     (the Web UI's lists). Each report is a signal, a workflow task and an upsert per job,

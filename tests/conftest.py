@@ -181,6 +181,9 @@ def make_settings(tmp_path: Path, *, migrated: bool = True, **overrides: Any) ->
         "retention_days": 0.0,
         # The tests run their jobs on the fake provider (off by default outside `dev`).
         "fake_adapter": True,
+        # Every check of Temporal's sandbox on, each workflow run importing its module afresh:
+        # workflow code that is not deterministic fails here (a deployment shares the module).
+        "worker_workflow_sandbox": "strict",
     }
     values.update(overrides)
     settings = Settings(**values)
