@@ -18,6 +18,7 @@ NAMES = [
     "cancel_latency",
     "workflow_cost",
     "shape",
+    "sandbox",
     "structured_output",
 ]
 
