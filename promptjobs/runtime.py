@@ -146,6 +146,8 @@ def build_worker(
 
 
 WORKFLOWS = [PromptJobWorkflow, ProviderBatchWorkflow, RetentionWorkflow, WebhookDeliveryWorkflow]
+# The packages of our workflow modules and of what they import (always passed through).
+SHARED_PACKAGES = ("workflows", "activities", "projections")
 
 
 def workflow_runner(sandbox: str) -> WorkflowRunner:
@@ -154,9 +156,11 @@ def workflow_runner(sandbox: str) -> WorkflowRunner:
     per job, most of it `workflow.defn` inspecting the class again)."""
     if sandbox == "strict":
         return SandboxedWorkflowRunner()
-    modules = sorted({workflow.__module__ for workflow in WORKFLOWS})
+    # Whole packages: what the workflow modules import from them (their contracts, the
+    # lifecycle's vocabulary) must be found in the sandbox's sys.modules too, where the
+    # converter looks up a dataclass's annotations, though no run imports it there.
     return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules(*modules)
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SHARED_PACKAGES)
     )
 
 

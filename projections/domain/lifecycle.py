@@ -8,8 +8,10 @@ A state or an error kind is spelled as a string only here and in the schema's mi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
 
 # -- states --------------------------------------------------------------------------------
@@ -79,7 +81,7 @@ RETRYABLE = frozenset(
 )
 
 # The ApplicationError types Temporal must not retry (an attempt's error type is its kind).
-NON_RETRYABLE_TYPES = [kind.value for kind in ErrorKind if not kind.is_retryable]
+NON_RETRYABLE_TYPES = tuple(kind.value for kind in ErrorKind if not kind.is_retryable)
 
 
 def kind_of_error_type(error_type: str | None) -> ErrorKind | None:
@@ -91,11 +93,13 @@ def kind_of_error_type(error_type: str | None) -> ErrorKind | None:
 
 
 # Which of Temporal's activity timeouts (TimeoutType names, lower case) means what for a job.
-TIMEOUT_KINDS: dict[str, tuple[ErrorKind, str]] = {
-    "heartbeat": (ErrorKind.WORKER_CRASH, "the worker stopped heartbeating during the call"),
-    "schedule_to_close": (ErrorKind.STUCK, "the job passed its hard ceiling"),
-    "start_to_close": (ErrorKind.TIMEOUT, "the adapter call passed its time limit"),
-}
+TIMEOUT_KINDS: Mapping[str, tuple[ErrorKind, str]] = MappingProxyType(
+    {
+        "heartbeat": (ErrorKind.WORKER_CRASH, "the worker stopped heartbeating during the call"),
+        "schedule_to_close": (ErrorKind.STUCK, "the job passed its hard ceiling"),
+        "start_to_close": (ErrorKind.TIMEOUT, "the adapter call passed its time limit"),
+    }
+)
 
 
 # -- transitions ---------------------------------------------------------------------------
