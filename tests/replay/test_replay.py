@@ -16,6 +16,7 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
+from promptjobs.runtime import workflow_runner
 from workflows.contracts import PromptJobInput, PromptJobResult
 from workflows.prompt_job import PromptJobWorkflow
 from workflows.provider_batch import ProviderBatchWorkflow
@@ -146,3 +147,23 @@ async def test_the_same_change_behind_a_patch_replays() -> None:
         all_histories(), raise_on_replay_failure=False
     )
     assert results.replay_failures == {}
+
+
+async def test_every_history_replays_on_a_deployments_worker() -> None:
+    """The same histories on a worker that shares our workflow code between runs (the
+    `shared` sandbox, a deployment's default; the tests above run the SDK's `strict` one):
+    each activity's answer and each signal decodes there too."""
+    runner = workflow_runner("shared")
+    failures = []
+    for paths, workflow_class in (
+        (HISTORIES, PromptJobWorkflow),
+        (RETENTION_HISTORIES, RetentionWorkflow),
+        (BATCH_HISTORIES, ProviderBatchWorkflow),
+        (WEBHOOK_HISTORIES, WebhookDeliveryWorkflow),
+    ):
+        replayer = Replayer(workflows=[workflow_class], workflow_runner=runner)
+        for path in paths:
+            result = await replayer.replay_workflow(load(path), raise_on_replay_failure=False)
+            if result.replay_failure is not None:
+                failures.append(f"{path.name}: {result.replay_failure}")
+    assert not failures, "\n".join(failures)
